@@ -1,0 +1,64 @@
+"""microbatch: micro-batch stream processing on Arrow and Polars.
+
+>>> import polars as pl
+>>> import microbatch as mb
+>>> stream = mb.generate(total_rows=1000, rows_per_second=None, seed=1)
+>>> query = stream.filter(pl.col("amount") > 100).write_memory("big").start(trigger="available-now")
+"""
+
+from __future__ import annotations
+
+from microbatch.api import (
+    MemoryStream,
+    generate,
+    read_files,
+    read_memory,
+    read_parquet_output,
+    table,
+)
+from microbatch.exceptions import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointFormatError,
+    CheckpointLockedError,
+    IncompatibleCheckpointError,
+    JobError,
+    MicrobatchError,
+    PlanError,
+    QueryTerminatedError,
+    SourceError,
+    TriggerError,
+)
+from microbatch.query import StreamingQuery
+from microbatch.stream import Stream
+from microbatch.triggers import AvailableNow, Once, ProcessingTime
+from microbatch.writer import DataStreamWriter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AvailableNow",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CheckpointLockedError",
+    "DataStreamWriter",
+    "IncompatibleCheckpointError",
+    "JobError",
+    "MemoryStream",
+    "MicrobatchError",
+    "Once",
+    "PlanError",
+    "ProcessingTime",
+    "QueryTerminatedError",
+    "SourceError",
+    "Stream",
+    "StreamingQuery",
+    "TriggerError",
+    "__version__",
+    "generate",
+    "read_files",
+    "read_memory",
+    "read_parquet_output",
+    "table",
+]

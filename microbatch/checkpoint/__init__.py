@@ -1,0 +1,108 @@
+"""The checkpoint directory: metadata, write-ahead offsets, commits, progress, lock.
+
+Layout (see DESIGN.md)::
+
+    chk/
+      metadata            query id (stable across restarts), created_at, format
+      offsets/N           write-ahead log, one entry per batch
+      commits/N           commit log
+      sources/<id>/...    a source's own durable log (e.g. the file ledger)
+      state/<op>/...      state store versions
+      progress/N          recent progress records (bounded)
+      dead_letter/        records that could not be decoded, with the reason
+      lock                one running query per checkpoint
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from microbatch.checkpoint.batch_log import BatchLog
+from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.checkpoint.lock import CheckpointLock, is_locked, read_lock_owner
+from microbatch.exceptions import CheckpointError
+
+__all__ = ["BatchLog", "Checkpoint", "CheckpointLock", "is_locked", "read_lock_owner"]
+
+
+class Checkpoint:
+    """Handle on one checkpoint directory; creating it is idempotent.
+
+    ``open_for_run`` takes the lock; read-only users (``microbatch status``)
+    use the same class without it.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.offsets = BatchLog(self.root / "offsets", "offsets") if self._exists() else None
+        self.commits = BatchLog(self.root / "commits", "commits") if self._exists() else None
+        self._lock = CheckpointLock(self.root / "lock")
+
+    def _exists(self) -> bool:
+        return (self.root / "metadata").exists()
+
+    @property
+    def metadata_path(self) -> Path:
+        return self.root / "metadata"
+
+    def exists(self) -> bool:
+        """True when the directory holds a checkpoint (its metadata file)."""
+        return self._exists()
+
+    def create_or_open(self) -> dict[str, Any]:
+        """Create the layout (first start) and return the metadata."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".probe.{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write to checkpoint directory {self.root}: {exc.strerror or exc}. "
+                "Choose a writable directory with --checkpoint."
+            ) from exc
+        if not self.metadata_path.exists():
+            meta = {"query_id": str(uuid.uuid4()),
+                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            write_json_atomic(self.metadata_path, "metadata", meta)
+        meta = read_json(self.metadata_path, "metadata")
+        self.offsets = BatchLog(self.root / "offsets", "offsets")
+        self.commits = BatchLog(self.root / "commits", "commits")
+        return meta
+
+    def read_metadata(self) -> dict[str, Any]:
+        """The metadata of an existing checkpoint."""
+        if not self.metadata_path.exists():
+            raise CheckpointError(f"{self.root} is not a microbatch checkpoint (no metadata file)")
+        return read_json(self.metadata_path, "metadata")
+
+    def lock(self) -> None:
+        """Take the exclusive run lock (see :class:`CheckpointLock`)."""
+        self._lock.acquire()
+
+    def unlock(self) -> None:
+        self._lock.release()
+
+    def is_running(self) -> bool:
+        """True when some process holds the run lock now."""
+        return is_locked(self.root / "lock")
+
+    def source_dir(self, source_id: str) -> Path:
+        path = self.root / "sources" / source_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def state_dir(self, operator_id: str) -> Path:
+        return self.root / "state" / operator_id
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.root / "progress"
+
+    @property
+    def dead_letter_dir(self) -> Path:
+        return self.root / "dead_letter"

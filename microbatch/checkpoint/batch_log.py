@@ -1,0 +1,86 @@
+"""The generic batch-id-keyed log behind ``offsets/`` and ``commits/``.
+
+One file per batch id, named by the id. ``add`` never overwrites; ``latest``
+finds the highest id; ``purge`` removes ids below a bound. Modeled on Spark's
+``HDFSMetadataLog``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.exceptions import CheckpointCorruptError, CheckpointError
+
+
+class BatchLog:
+    """A directory of checksummed JSON entries, one per batch id."""
+
+    def __init__(self, directory: Path, kind: str) -> None:
+        self.directory = directory
+        self.kind = kind
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def path(self, batch_id: int) -> Path:
+        return self.directory / str(batch_id)
+
+    def add(self, batch_id: int, body: dict[str, Any]) -> None:
+        """Durably record ``body`` for ``batch_id``; refuse to overwrite an entry."""
+        path = self.path(batch_id)
+        if path.exists():
+            raise CheckpointError(
+                f"{self.kind} entry for batch {batch_id} already exists at {path}; "
+                "two writers on one checkpoint?"
+            )
+        write_json_atomic(path, self.kind, body)
+
+    def get(self, batch_id: int) -> dict[str, Any] | None:
+        """The entry for ``batch_id`` or ``None`` when there is none."""
+        path = self.path(batch_id)
+        if not path.exists():
+            return None
+        body = read_json(path, self.kind)
+        if not isinstance(body, dict) or body.get("batch_id") != batch_id:
+            raise CheckpointCorruptError(
+                f"{path} does not describe batch {batch_id}; the file was renamed or moved"
+            )
+        return body
+
+    def batch_ids(self) -> list[int]:
+        """All batch ids present, ascending (temp files and strays ignored)."""
+        ids = []
+        for name in os.listdir(self.directory):
+            if name.isdigit():
+                ids.append(int(name))
+        return sorted(ids)
+
+    def latest(self) -> tuple[int, dict[str, Any]] | None:
+        """The highest batch id and its entry, or ``None`` for an empty log."""
+        ids = self.batch_ids()
+        if not ids:
+            return None
+        body = self.get(ids[-1])
+        assert body is not None
+        return ids[-1], body
+
+    def check_contiguous(self) -> None:
+        """Raise when an id between the oldest and newest entry is missing."""
+        ids = self.batch_ids()
+        if ids and ids[-1] - ids[0] + 1 != len(ids):
+            missing = sorted(set(range(ids[0], ids[-1] + 1)) - set(ids))
+            raise CheckpointCorruptError(
+                f"{self.directory} is missing entries for batches {missing[:10]}; "
+                "files were deleted by hand. Restore them or start on a new checkpoint."
+            )
+
+    def purge_before(self, batch_id: int) -> int:
+        """Delete entries with ids below ``batch_id``; return how many went."""
+        removed = 0
+        for old in self.batch_ids():
+            if old >= batch_id:
+                break
+            self.path(old).unlink(missing_ok=True)
+            removed += 1
+        return removed

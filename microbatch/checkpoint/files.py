@@ -1,0 +1,103 @@
+"""Atomic, checksummed JSON files: the one on-disk format of the checkpoint.
+
+A file is ``{"format": F, "kind": K, "sha256": H, "body": B}`` where ``H`` is
+the SHA-256 of the canonical JSON of ``B``. Writes go to a temp file in the
+same directory, are fsync'ed, then renamed over the target (and the directory
+is fsync'ed), so a reader sees either the old file or the whole new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from microbatch.exceptions import CheckpointCorruptError, CheckpointFormatError
+
+FORMAT_VERSION = 1
+
+
+def _canonical(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or create inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` so that readers never see a partial file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def encode(kind: str, body: Any) -> bytes:
+    """Serialize ``body`` inside the versioned, checksummed envelope."""
+    payload = _canonical(body)
+    digest = hashlib.sha256(payload).hexdigest()
+    head = f'{{"format":{FORMAT_VERSION},"kind":"{kind}","sha256":"{digest}","body":'
+    return head.encode() + payload + b"}\n"
+
+
+def write_json_atomic(path: Path, kind: str, body: Any, *, durable: bool = True) -> None:
+    """Write ``body`` to ``path`` atomically inside the checksummed envelope."""
+    write_bytes_atomic(path, encode(kind, body), durable=durable)
+
+
+def read_json(path: Path, kind: str) -> Any:
+    """Read and verify a file written by :func:`write_json_atomic`.
+
+    Raises :class:`CheckpointCorruptError` when the file is truncated, not
+    JSON, of another kind or fails its checksum, and
+    :class:`CheckpointFormatError` when a newer engine wrote it.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointCorruptError(f"cannot read checkpoint file {path}: {exc}") from exc
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointCorruptError(
+            f"checkpoint file {path} is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc}); "
+            "it is truncated or was overwritten. Restore it from a backup, or start the query "
+            "on a new checkpoint directory."
+        ) from exc
+    if not isinstance(doc, dict) or not {"format", "kind", "sha256", "body"} <= doc.keys():
+        raise CheckpointCorruptError(
+            f"checkpoint file {path} is not a microbatch checkpoint file (missing envelope "
+            "fields); is this directory the checkpoint of another program?"
+        )
+    if not isinstance(doc["format"], int) or doc["format"] > FORMAT_VERSION:
+        raise CheckpointFormatError(
+            f"checkpoint file {path} has format {doc['format']!r}, newer than the format "
+            f"{FORMAT_VERSION} this version of microbatch reads; upgrade microbatch."
+        )
+    if doc["kind"] != kind:
+        raise CheckpointCorruptError(
+            f"checkpoint file {path} holds a {doc['kind']!r} record where {kind!r} was expected"
+        )
+    if hashlib.sha256(_canonical(doc["body"])).hexdigest() != doc["sha256"]:
+        raise CheckpointCorruptError(
+            f"checkpoint file {path} fails its checksum: its content was changed after it "
+            "was written. Restore it, or start on a new checkpoint directory."
+        )
+    return doc["body"]

@@ -1,0 +1,55 @@
+"""Every error the engine raises on purpose.
+
+Each class names one kind of problem; every message says what went wrong,
+where (batch id, file, source) and what the user can do about it.
+"""
+
+from __future__ import annotations
+
+
+class MicrobatchError(Exception):
+    """Base class of all errors raised by the engine."""
+
+
+class PlanError(MicrobatchError):
+    """The query cannot be built as written (wrong option, unsupported step)."""
+
+
+class DurationError(PlanError):
+    """A duration string such as ``"10s"`` could not be parsed."""
+
+
+class TriggerError(PlanError):
+    """A trigger string is not one of ``"once"``, ``"available-now"`` or an interval."""
+
+
+class SourceError(MicrobatchError):
+    """A source could not list or read its data."""
+
+
+class CheckpointError(MicrobatchError):
+    """The checkpoint directory cannot be used."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A checkpoint file is truncated, fails its checksum, or is not ours."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint file was written by a newer format than this engine reads."""
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another running query holds the checkpoint's lock."""
+
+
+class IncompatibleCheckpointError(CheckpointError):
+    """The checkpoint was written by a job whose sources or operators differ."""
+
+
+class JobError(MicrobatchError):
+    """A job file cannot be loaded or its ``build`` function misbehaves."""
+
+
+class QueryTerminatedError(MicrobatchError):
+    """A streaming query stopped because a batch failed; ``__cause__`` holds why."""

@@ -1,0 +1,462 @@
+"""The trigger loop and the lifecycle of one micro-batch.
+
+This module is the engine's spine. :meth:`MicroBatchExecution.run_batch`
+reads top to bottom as the protocol of DESIGN.md::
+
+    1. plan         each source's end offset (capped); no new data -> no batch
+    2. write-ahead  offsets/N = ranges, watermark, timestamp, fingerprint
+    3. read         exactly the recorded ranges
+    4. execute      the plan, vectorized over the whole batch
+    5. sink         sink.add_batch(N, rows); dead letters likewise
+    6. commit       commits/N; sources may forget what is before their ends
+    7. report       one progress record
+
+Recovery (:meth:`MicroBatchExecution.recover`)::
+
+    last = latest entry of offsets/
+    if there is none:                 start every source at its initial offset
+    elif commits/ has last:           next batch = last + 1, from last's ends
+    else:                             re-run batch `last` with its recorded
+                                      ranges and watermark (steps 3..7); the
+                                      sink's idempotency absorbs a write that
+                                      already landed
+
+Everything a batch does is a function of (offsets/N, code), so the re-run
+produces the same rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from microbatch.checkpoint import Checkpoint
+from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError
+from microbatch.executor import BatchExecutor, input_frame
+from microbatch.faults import fault_point
+from microbatch.plan import PlanNode
+from microbatch.progress import ProgressStore
+from microbatch.sources.base import Offset, Source, SourceContext
+from microbatch.triggers import AvailableNow, Once, ProcessingTime, Trigger
+from sinks.base import OutputMode, Sink, SinkContext
+
+log = logging.getLogger("microbatch.execution")
+
+IDLE_POLL_S = 0.05
+"""How long a back-to-back (``0s``) trigger waits before planning again when
+the previous plan found no new data."""
+
+
+@dataclass
+class PlannedBatch:
+    """Batch N as fixed by its write-ahead entry."""
+
+    batch_id: int
+    ranges: dict[str, tuple[Offset, Offset]]
+    timestamp_ms: int
+    watermark_ms: int | None = None
+    recovered: bool = False
+    durations_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class BatchResult:
+    """What steps 3-5 produced, for the progress record."""
+
+    input_rows: dict[str, int]
+    output_rows: int
+    dead_letter_rows: int
+
+
+class Timer:
+    """Accumulates wall time per lifecycle step of one batch."""
+
+    def __init__(self, durations: dict[str, float]) -> None:
+        self.durations = durations
+
+    def step(self, name: str) -> _Span:
+        return _Span(self.durations, name)
+
+
+class _Span:
+    def __init__(self, durations: dict[str, float], name: str) -> None:
+        self.durations, self.name = durations, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = (time.perf_counter() - self.t0) * 1000
+        self.durations[self.name] = round(self.durations.get(self.name, 0.0) + elapsed, 3)
+
+
+class MicroBatchExecution:
+    """Runs one query: recovers from its checkpoint, then batches per trigger."""
+
+    def __init__(
+        self,
+        *,
+        plan: PlanNode,
+        sink: Sink,
+        output_mode: OutputMode,
+        checkpoint: Checkpoint,
+        trigger: Trigger,
+        dead_letter_sink: Sink | None = None,
+        retention: int = 100,
+        clock: Callable[[], float] = time.time,
+        name: str | None = None,
+    ) -> None:
+        self.plan = plan
+        self.sink = sink
+        self.output_mode = output_mode
+        self.checkpoint = checkpoint
+        self.trigger = trigger
+        self.dead_letter_sink = dead_letter_sink
+        self.retention = retention
+        self.clock = clock
+        self.name = name
+        self.sources: dict[str, Source] = {str(i): s for i, s in enumerate(plan.sources())}
+        self.executor = BatchExecutor(plan)
+        self.query_id = ""
+        self.next_batch_id = 0
+        self.committed: dict[str, Offset] = {}
+        self.pending: PlannedBatch | None = None
+        self.progress = ProgressStore(None)
+        self.falling_behind = False
+        # coordination with the StreamingQuery handle (other threads)
+        self.stop_requested = threading.Event()
+        self.wake = threading.Event()
+        self.cond = threading.Condition()
+        self.plans_started = 0
+        self.last_idle_plan = -1
+        self.status_message = "initializing"
+
+    # ------------------------------------------------------------------ setup
+
+    def open(self) -> None:
+        """Create/lock the checkpoint, open sources and sinks, recover."""
+        meta = self.checkpoint.create_or_open()
+        self.checkpoint.lock()
+        try:
+            self.query_id = meta["query_id"]
+            self.progress = ProgressStore(self.checkpoint.progress_dir, retain=self.retention)
+            for sid, source in self.sources.items():
+                source.open(SourceContext(sid, self.checkpoint.source_dir(sid)))
+            self.sink.open(self._sink_context())
+            if self.dead_letter_sink is not None:
+                self.dead_letter_sink.open(self._sink_context(mode="append"))
+            self.recover()
+        except BaseException:
+            self.close()
+            raise
+
+    def _sink_context(self, mode: OutputMode | None = None) -> SinkContext:
+        return SinkContext(
+            query_id=self.query_id,
+            output_mode=mode or self.output_mode,
+            checkpoint_dir=self.checkpoint.root,
+            fault_point=fault_point,
+        )
+
+    def close(self) -> None:
+        """Close sources and sinks and release the lock (idempotent)."""
+        for closer in [s.close for s in self.sources.values()] + [self.sink.close]:
+            try:
+                closer()
+            except Exception:
+                log.exception("error while closing")
+        if self.dead_letter_sink is not None:
+            self.dead_letter_sink.close()
+        self.checkpoint.unlock()
+
+    def identity(self) -> dict[str, Any]:
+        """What must not change across restarts on one checkpoint."""
+        return {"sources": {sid: s.identity() for sid, s in self.sources.items()}}
+
+    def fingerprint(self) -> str:
+        """A hash of the whole job's configuration, recorded per batch."""
+        doc = {"identity": self.identity(), "plan": self.plan.explain(),
+               "sink": self.sink.describe(), "output_mode": self.output_mode}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def recover(self) -> None:
+        """Find where to resume; see the module docstring for the rule."""
+        offsets, commits = self.checkpoint.offsets, self.checkpoint.commits
+        assert offsets is not None and commits is not None
+        offsets.check_contiguous()
+        commits.check_contiguous()
+        last = offsets.latest()
+        if last is None:
+            if commits.batch_ids():
+                raise CheckpointCorruptError(
+                    f"{commits.directory} has entries but {offsets.directory} is empty; "
+                    "the write-ahead log was deleted. Start on a new checkpoint directory."
+                )
+            self.committed = {sid: s.initial_offset() for sid, s in self.sources.items()}
+            self.next_batch_id = 0
+            return
+        batch_id, entry = last
+        self._check_compatible(batch_id, entry)
+        ranges = {sid: (r["start"], r["end"]) for sid, r in entry["sources"].items()}
+        last_commit = commits.latest()
+        if last_commit is not None and last_commit[0] > batch_id:
+            raise CheckpointCorruptError(
+                f"{commits.path(last_commit[0])} commits batch {last_commit[0]} but the "
+                f"write-ahead log ends at batch {batch_id}; the offsets log was truncated."
+            )
+        if commits.get(batch_id) is not None:
+            self.committed = {sid: end for sid, (_, end) in ranges.items()}
+            self.next_batch_id = batch_id + 1
+        else:
+            self.committed = {sid: start for sid, (start, _) in ranges.items()}
+            self.next_batch_id = batch_id
+            self.pending = PlannedBatch(
+                batch_id=batch_id,
+                ranges=ranges,
+                timestamp_ms=entry["timestamp_ms"],
+                watermark_ms=entry.get("watermark_ms"),
+                recovered=True,
+            )
+            log.warning("recovering batch %d from its write-ahead entry", batch_id)
+
+    def _check_compatible(self, batch_id: int, entry: dict[str, Any]) -> None:
+        recorded = entry.get("identity", {})
+        current = self.identity()
+        if recorded != current:
+            raise IncompatibleCheckpointError(
+                f"checkpoint {self.checkpoint.root} was written by a job with different "
+                f"sources (batch {batch_id} recorded {json.dumps(recorded, sort_keys=True)}, "
+                f"this job has {json.dumps(current, sort_keys=True)}). A checkpoint holds "
+                "positions in specific sources: start the changed job on a new checkpoint."
+            )
+
+    # ---------------------------------------------------------- the lifecycle
+
+    def run_batch(self, *, capped: bool = True, bounds: dict[str, Offset] | None = None) -> bool:
+        """Run the next batch through steps 1-7; False when there was nothing to do."""
+        batch = self.pending or self.plan_batch(capped=capped, bounds=bounds)
+        if batch is None:
+            return False
+        timer = Timer(batch.durations_ms)
+        if not batch.recovered:
+            with timer.step("write_ahead"):
+                self.write_ahead(batch)
+            fault_point("after_write_ahead", batch.batch_id)
+        with timer.step("read"):
+            inputs, dead_letters = self.read_inputs(batch)
+        fault_point("after_read", batch.batch_id)
+        with timer.step("execute"):
+            output = self.execute(inputs)
+        fault_point("after_execute", batch.batch_id)
+        with timer.step("sink"):
+            self.write_sink(batch, output, dead_letters)
+        fault_point("after_sink", batch.batch_id)
+        with timer.step("commit"):
+            self.commit(batch)
+        fault_point("after_commit", batch.batch_id)
+        result = BatchResult(
+            input_rows={sid: frame.height for sid, frame in inputs.items()},
+            output_rows=output.height,
+            dead_letter_rows=dead_letters.height,
+        )
+        self.report(batch, result)
+        fault_point("after_report", batch.batch_id)
+        return True
+
+    def plan_batch(
+        self, *, capped: bool = True, bounds: dict[str, Offset] | None = None
+    ) -> PlannedBatch | None:
+        """Step 1: each source's end offset now; ``None`` when no source has new data."""
+        t0 = time.perf_counter()
+        with self.cond:
+            self.plans_started += 1
+            plan_no = self.plans_started
+        ranges: dict[str, tuple[Offset, Offset]] = {}
+        has_data = False
+        for sid, source in self.sources.items():
+            start = self.committed[sid]
+            end = source.latest_offset(start, capped=capped)
+            if bounds is not None and sid in bounds:
+                end = source.bound(end, bounds[sid])
+                if source.compare(end, start) < 0:
+                    end = start
+            ranges[sid] = (start, end)
+            has_data = has_data or source.compare(end, start) > 0
+        if not has_data:
+            with self.cond:
+                self.last_idle_plan = plan_no
+                self.cond.notify_all()
+            return None
+        batch = PlannedBatch(
+            batch_id=self.next_batch_id,
+            ranges=ranges,
+            timestamp_ms=int(self.clock() * 1000),
+        )
+        batch.durations_ms["plan"] = round((time.perf_counter() - t0) * 1000, 3)
+        fault_point("after_plan", batch.batch_id)
+        return batch
+
+    def write_ahead(self, batch: PlannedBatch) -> None:
+        """Step 2: record batch N durably; from here it is fixed forever."""
+        assert self.checkpoint.offsets is not None
+        self.checkpoint.offsets.add(
+            batch.batch_id,
+            {
+                "batch_id": batch.batch_id,
+                "sources": {
+                    sid: {"start": start, "end": end}
+                    for sid, (start, end) in batch.ranges.items()
+                },
+                "watermark_ms": batch.watermark_ms,
+                "timestamp_ms": batch.timestamp_ms,
+                "identity": self.identity(),
+                "fingerprint": self.fingerprint(),
+            },
+        )
+        self.pending = batch
+
+    def read_inputs(self, batch: PlannedBatch) -> tuple[dict[str, pl.DataFrame], pl.DataFrame]:
+        """Step 3: exactly the recorded range of every source, and its dead letters."""
+        inputs: dict[str, pl.DataFrame] = {}
+        dead: list[pl.DataFrame] = []
+        for sid, (start, end) in batch.ranges.items():
+            source = self.sources[sid]
+            if source.compare(end, start) > 0:
+                got = source.read(start, end)
+                inputs[sid] = input_frame(source, got.data)
+                if got.dead_letters.height:
+                    dead.append(got.dead_letters)
+            else:
+                inputs[sid] = input_frame(source, pl.DataFrame())
+        dead_letters = (
+            pl.concat(dead).with_columns(pl.lit(batch.batch_id, pl.Int64).alias("batch_id"))
+            if dead
+            else pl.DataFrame()
+        )
+        return inputs, dead_letters
+
+    def execute(self, inputs: dict[str, pl.DataFrame]) -> pl.DataFrame:
+        """Step 4: the plan over the whole batch."""
+        return self.executor.execute(inputs)
+
+    def write_sink(self, batch: PlannedBatch, output: pl.DataFrame, dead: pl.DataFrame) -> None:
+        """Step 5: hand the batch to the sink (idempotent on the batch id)."""
+        if dead.height and self.dead_letter_sink is not None:
+            self.dead_letter_sink.add_batch(batch.batch_id, dead)
+        self.sink.add_batch(batch.batch_id, output)
+
+    def commit(self, batch: PlannedBatch) -> None:
+        """Step 6: ``commits/N``; then sources may forget, old entries are purged."""
+        assert self.checkpoint.offsets is not None and self.checkpoint.commits is not None
+        self.checkpoint.commits.add(
+            batch.batch_id,
+            {
+                "batch_id": batch.batch_id,
+                "next_watermark_ms": batch.watermark_ms,
+                "committed_at_ms": int(self.clock() * 1000),
+            },
+        )
+        self.pending = None
+        self.committed = {sid: end for sid, (_, end) in batch.ranges.items()}
+        self.next_batch_id = batch.batch_id + 1
+        for sid, (_, end) in batch.ranges.items():
+            self.sources[sid].commit(end)
+        keep_from = batch.batch_id + 1 - self.retention
+        if keep_from > 0:
+            self.checkpoint.offsets.purge_before(keep_from)
+            self.checkpoint.commits.purge_before(keep_from)
+
+    def report(self, batch: PlannedBatch, result: BatchResult) -> None:
+        """Step 7: one progress record for the batch."""
+        durations = batch.durations_ms
+        total_ms = sum(durations.values())
+        rows = sum(result.input_rows.values())
+        interval_s = (
+            self.trigger.interval_ms / 1000 if isinstance(self.trigger, ProcessingTime) else None
+        )
+        previous = self.progress.recent[-1] if self.progress.recent else None
+        since_last_s = (
+            (batch.timestamp_ms - previous["timestamp_ms"]) / 1000 if previous else None
+        )
+        record: dict[str, Any] = {
+            "query_id": self.query_id,
+            "name": self.name,
+            "batch_id": batch.batch_id,
+            "timestamp_ms": batch.timestamp_ms,
+            "recovered": batch.recovered,
+            "trigger": str(self.trigger),
+            "input_rows": rows,
+            "input_rows_per_second": round(rows / since_last_s, 1) if since_last_s else None,
+            "processed_rows_per_second": round(rows / (total_ms / 1000), 1) if total_ms else None,
+            "output_rows": result.output_rows,
+            "dead_letter_rows": result.dead_letter_rows,
+            "watermark_ms": batch.watermark_ms,
+            "duration_ms": {**durations, "total": round(total_ms, 3)},
+            "falling_behind": bool(interval_s and total_ms / 1000 > interval_s),
+            "sources": [
+                {
+                    "id": sid,
+                    "description": self.sources[sid].describe(),
+                    "start_offset": start,
+                    "end_offset": end,
+                    "input_rows": result.input_rows.get(sid, 0),
+                }
+                for sid, (start, end) in batch.ranges.items()
+            ],
+            "sink": {"description": self.sink.describe(), "output_rows": result.output_rows},
+        }
+        self.falling_behind = record["falling_behind"]
+        self.progress.add(record)
+
+    # ---------------------------------------------------------- trigger loop
+
+    def run(self) -> None:
+        """Run batches according to the trigger until it ends or stop is asked."""
+        trigger = self.trigger
+        self.status_message = "running"
+        if isinstance(trigger, Once):
+            if self.pending is not None:
+                self.run_batch()
+            self.run_batch(capped=False)
+            self._idle_now()
+            return
+        if isinstance(trigger, AvailableNow):
+            targets = {
+                sid: s.latest_offset(self.committed[sid], capped=False)
+                for sid, s in self.sources.items()
+            }
+            while not self.stop_requested.is_set() and self.run_batch(bounds=targets):
+                pass
+            self._idle_now()
+            return
+        interval_s = trigger.interval_ms / 1000
+        while not self.stop_requested.is_set():
+            tick = self.clock()
+            self.wake.clear()
+            ran = self.run_batch()
+            if self.stop_requested.is_set():
+                break
+            if interval_s == 0:
+                if not ran:
+                    self._sleep(IDLE_POLL_S)
+                continue
+            next_tick = (tick // interval_s + 1) * interval_s
+            self._sleep(max(0.0, next_tick - self.clock()))
+
+    def _idle_now(self) -> None:
+        with self.cond:
+            self.last_idle_plan = self.plans_started + 1
+            self.cond.notify_all()
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait for the next tick; ``stop`` and ``process_all_available`` wake it early."""
+        if seconds > 0:
+            self.wake.wait(seconds)

@@ -1,0 +1,53 @@
+"""Named crash points for recovery tests.
+
+Set ``MICROBATCH_FAULT`` to ``POINT`` or ``POINT@BATCH`` (comma-separated for
+several) and the process kills itself with SIGKILL when the engine reaches
+that point (for that batch id). With ``MICROBATCH_FAULT_ACTION=raise`` it
+raises :class:`InjectedFault` instead, for in-process tests.
+
+Points, in lifecycle order: ``after_plan``, ``after_write_ahead``,
+``after_read``, ``after_execute``, ``sink.after_data`` (inside sinks that
+have it), ``after_sink``, ``after_state_commit``, ``after_commit``,
+``after_report``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "after_plan",
+    "after_write_ahead",
+    "after_read",
+    "after_execute",
+    "sink.after_data",
+    "after_sink",
+    "after_state_commit",
+    "after_commit",
+    "after_report",
+)
+
+
+class InjectedFault(RuntimeError):  # noqa: N818 - it is a fault, not an error of ours
+    """Raised at a crash point when ``MICROBATCH_FAULT_ACTION=raise``."""
+
+
+def _armed() -> list[tuple[str, int | None]]:
+    spec = os.environ.get("MICROBATCH_FAULT", "").strip()
+    armed = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        point, _, batch = item.partition("@")
+        armed.append((point, int(batch) if batch else None))
+    return armed
+
+
+def fault_point(name: str, batch_id: int) -> None:
+    """Crash here if ``MICROBATCH_FAULT`` names this point (and batch)."""
+    if "MICROBATCH_FAULT" not in os.environ:
+        return
+    for point, batch in _armed():
+        if point == name and (batch is None or batch == batch_id):
+            if os.environ.get("MICROBATCH_FAULT_ACTION") == "raise":
+                raise InjectedFault(f"injected fault at {name} in batch {batch_id}")
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,166 @@
+"""The handle of a running query: ``StreamingQuery``.
+
+A query runs its trigger loop in a background thread, so a notebook kernel
+or a test keeps control; the CLI waits on it with ``await_termination``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from typing import Any
+
+from microbatch.exceptions import QueryTerminatedError
+from microbatch.execution import MicroBatchExecution
+
+log = logging.getLogger("microbatch.query")
+
+
+class StreamingQuery:
+    """A started query. Thread-safe; every method may be called from any thread.
+
+    ``id`` is stable across restarts of the same checkpoint; ``run_id``
+    changes each start.
+    """
+
+    def __init__(self, execution: MicroBatchExecution, *, name: str | None = None) -> None:
+        self._exec = execution
+        self.name = name
+        self._exception: BaseException | None = None
+        self._done = threading.Event()
+        self._started = threading.Event()
+        self._open_failed = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"microbatch-{name or 'query'}", daemon=True
+        )
+
+    def _start(self) -> StreamingQuery:
+        self._thread.start()
+        self._started.wait()
+        if self._open_failed:
+            self._thread.join()
+            assert self._exception is not None
+            raise self._exception
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._exec.open()
+        except BaseException as exc:
+            self._exception = exc
+            self._open_failed = True
+            self._done.set()
+            self._started.set()
+            return
+        self._started.set()
+        try:
+            self._exec.run()
+            self._exec.status_message = "stopped"
+        except BaseException as exc:
+            self._exception = exc
+            self._exec.status_message = f"failed: {exc}"
+            log.error("query %s failed:\n%s", self.id, traceback.format_exc())
+        finally:
+            self._exec.close()
+            self._done.set()
+            with self._exec.cond:
+                self._exec.cond.notify_all()
+
+    @property
+    def id(self) -> str:
+        """The query id recorded in the checkpoint's metadata."""
+        return self._exec.query_id
+
+    @property
+    def checkpoint(self) -> str:
+        return str(self._exec.checkpoint.root)
+
+    @property
+    def is_active(self) -> bool:
+        return not self._done.is_set()
+
+    @property
+    def exception(self) -> BaseException | None:
+        """The error that stopped the query, or ``None``."""
+        return self._exception
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """What the query is doing now (JSON-serializable)."""
+        ex = self._exec
+        return {
+            "message": ex.status_message,
+            "is_active": self.is_active,
+            "next_batch_id": ex.next_batch_id,
+            "falling_behind": ex.falling_behind,
+        }
+
+    @property
+    def last_progress(self) -> dict[str, Any] | None:
+        """The progress record of the newest batch, or ``None``."""
+        recent = self._exec.progress.recent
+        return recent[-1] if recent else None
+
+    @property
+    def recent_progress(self) -> list[dict[str, Any]]:
+        """Progress records of recent batches, oldest first."""
+        return list(self._exec.progress.recent)
+
+    def explain(self) -> str:
+        """The logical plan, one node per line."""
+        return self._exec.plan.explain()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the batch in flight, commit it, then stop; waits for that."""
+        self._exec.stop_requested.set()
+        self._exec.wake.set()
+        self._done.wait(timeout)
+
+    def request_stop(self) -> None:
+        """Ask for a graceful stop without waiting (safe in signal handlers)."""
+        self._exec.stop_requested.set()
+        self._exec.wake.set()
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        """Wait until the query stops; re-raise the error that stopped it.
+
+        Returns ``True`` when the query has terminated, ``False`` when the
+        timeout passed first.
+        """
+        if not self._done.wait(timeout):
+            return False
+        self._thread.join()
+        self._raise_if_failed()
+        return True
+
+    def process_all_available(self, timeout: float | None = None) -> None:
+        """Block until every record available at the time of the call is processed.
+
+        Meant for notebooks and tests: it wakes the trigger loop instead of
+        waiting for the next tick. Raises if the query fails meanwhile, and
+        ``TimeoutError`` when ``timeout`` seconds pass first.
+        """
+        ex = self._exec
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with ex.cond:
+            target = ex.plans_started + 1
+        ex.wake.set()
+        with ex.cond:
+            while ex.last_idle_plan < target and not self._done.is_set():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError("process_all_available timed out")
+                ex.cond.wait(0.1 if remaining is None else min(0.1, remaining))
+                ex.wake.set()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._exception is not None:
+            raise QueryTerminatedError(
+                f"query {self.id or self.name} stopped with an error: {self._exception}"
+            ) from self._exception
+
+    def __repr__(self) -> str:
+        return f"<StreamingQuery id={self.id} active={self.is_active} status={self.status['message']!r}>"

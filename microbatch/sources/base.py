@@ -1,0 +1,123 @@
+"""The protocol every source implements.
+
+A source is a replayable log. It names positions in that log with JSON
+values (*offsets*); the engine records the ``[start, end)`` range of every
+batch in ``offsets/N`` before reading, and a source must return exactly the
+same rows for the same range, every time it is asked.
+
+Lifecycle, driven by the engine::
+
+    open(ctx)                         once per run, before anything else
+    initial_offset()                  position before the first record
+    latest_offset(start, ...)         end of the next batch (planning)
+    read(start, end) -> SourceBatch   exactly the recorded range
+    commit(end)                       after commits/N (e.g. trim buffers)
+    close()
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+Offset = Any
+"""A JSON-serializable position in a source's log."""
+
+DEAD_LETTER_SCHEMA = pl.Schema(
+    {
+        "source": pl.String,
+        "location": pl.String,
+        "reason": pl.String,
+        "raw": pl.Binary,
+    }
+)
+"""Columns of a dead-letter record: which source, where in it (file and line,
+partition and offset), why it was rejected, and the raw bytes (lossless)."""
+
+
+def empty_dead_letters() -> pl.DataFrame:
+    """A dead-letter frame with no rows."""
+    return DEAD_LETTER_SCHEMA.to_frame()
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What the engine gives a source when a run starts."""
+
+    source_id: str
+    """Stable id of the source within the query ("0", "1", ...)."""
+    state_dir: Path | None
+    """A directory in the checkpoint owned by this source, for its own logs
+    (``None`` when running without a checkpoint, e.g. ``Stream.preview``)."""
+
+
+@dataclass(frozen=True)
+class SourceBatch:
+    """What ``read`` returns for one recorded range."""
+
+    data: pl.DataFrame
+    dead_letters: pl.DataFrame = field(default_factory=empty_dead_letters)
+    partitions: pl.Series | None = None
+    """Optional per-row partition id (same length as ``data``) for
+    per-partition watermarks; ``None`` means one partition."""
+
+
+class Source(ABC):
+    """A replayable log of records that the engine slices into batches."""
+
+    kind: str = "source"
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """A JSON description of the source's identity (kind, path, topic...).
+
+        Stored in the checkpoint: a restart with a source whose description
+        differs in ``identity_keys`` is refused.
+        """
+
+    def identity(self) -> dict[str, Any]:
+        """The part of ``describe()`` that must not change across restarts."""
+        return {"kind": self.kind}
+
+    @property
+    def schema(self) -> pl.Schema | None:
+        """The schema of ``read(...).data`` when known before reading."""
+        return None
+
+    def open(self, ctx: SourceContext) -> None:  # noqa: B027 - optional hook
+        """Prepare for a run (e.g. load a durable file ledger)."""
+
+    @abstractmethod
+    def initial_offset(self) -> Offset:
+        """The offset before the first record this query should read."""
+
+    @abstractmethod
+    def latest_offset(self, start: Offset, *, capped: bool = True) -> Offset:
+        """The end offset of the next batch starting at ``start``.
+
+        With ``capped`` the source applies its own per-batch limit
+        (``max_records_per_batch`` / ``max_files_per_batch``); ``start`` is
+        returned unchanged when no new data is available.
+        """
+
+    def bound(self, end: Offset, limit: Offset) -> Offset:
+        """The smaller of two offsets (``available-now`` caps at its target)."""
+        return end if self.compare(end, limit) <= 0 else limit
+
+    @abstractmethod
+    def compare(self, a: Offset, b: Offset) -> int:
+        """-1, 0 or 1 as offset ``a`` is before, equal to or after ``b``."""
+
+    @abstractmethod
+    def read(self, start: Offset, end: Offset) -> SourceBatch:
+        """Exactly the records in ``[start, end)``; same result on every call."""
+
+    def commit(self, end: Offset) -> None:  # noqa: B027 - optional hook
+        """Everything before ``end`` is committed; the source may forget it."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; the source may be opened again later."""

@@ -1,0 +1,97 @@
+"""``DataStreamWriter``: a stream with its sink attached, not yet started."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
+
+from microbatch.checkpoint import Checkpoint
+from microbatch.exceptions import PlanError
+from microbatch.execution import MicroBatchExecution
+from microbatch.query import StreamingQuery
+from microbatch.triggers import Trigger, parse_trigger
+from sinks.base import OutputMode, Sink
+
+if TYPE_CHECKING:
+    from microbatch.stream import Stream
+
+
+@dataclass(frozen=True)
+class DataStreamWriter:
+    """A stream plus a sink and an output mode; ``start`` runs it.
+
+    Immutable: ``start`` can be called again after a query stops, on the same
+    checkpoint, to resume exactly where it left off.
+    """
+
+    stream: Stream
+    sink: Sink
+    output_mode: OutputMode = "append"
+    dead_letter: Sink | None = None
+
+    def __post_init__(self) -> None:
+        if self.output_mode not in get_args(OutputMode):
+            raise PlanError(
+                f"unknown output_mode {self.output_mode!r}: use 'append', 'update' or 'complete'"
+            )
+        if self.output_mode not in self.sink.supported_modes:
+            raise PlanError(
+                f"{type(self.sink).__name__} does not support output_mode={self.output_mode!r}; "
+                f"it supports {', '.join(self.sink.supported_modes)}"
+            )
+        if self.output_mode == "complete" and not self.stream.is_aggregated:
+            raise PlanError(
+                "output_mode='complete' needs an aggregation (group_by(...).agg(...)): "
+                "without one the complete result would be every row ever seen. "
+                "Use 'append' for a stateless stream."
+            )
+
+    def dead_letters_to(self, sink: Sink) -> DataStreamWriter:
+        """Send malformed input records to ``sink`` instead of ``chk/dead_letter``."""
+        return DataStreamWriter(self.stream, self.sink, self.output_mode, sink)
+
+    def start(
+        self,
+        checkpoint: str | os.PathLike[str] | None = None,
+        trigger: str | Trigger | None = None,
+        *,
+        name: str | None = None,
+        retention: int = 100,
+    ) -> StreamingQuery:
+        """Start the query in a background thread and return its handle.
+
+        ``checkpoint``: the directory that makes the query restartable; a
+        fresh temporary directory when omitted (fine for notebooks, not for
+        jobs). ``trigger``: ``"10s"`` (interval), ``"once"``,
+        ``"available-now"``, or ``None`` for batches back to back.
+        Raises at once when the checkpoint is unusable or locked.
+        """
+        if retention < 1:
+            raise PlanError(f"retention must be at least 1 batch, got {retention}")
+        root = Path(checkpoint) if checkpoint is not None else Path(
+            tempfile.mkdtemp(prefix="microbatch-chk-")
+        )
+        chk = Checkpoint(root)
+        execution = MicroBatchExecution(
+            plan=self.stream.plan,
+            sink=self.sink,
+            output_mode=self.output_mode,
+            checkpoint=chk,
+            trigger=parse_trigger(trigger),
+            dead_letter_sink=self.dead_letter or _default_dead_letter_sink(chk),
+            retention=retention,
+            name=name,
+        )
+        return StreamingQuery(execution, name=name)._start()
+
+    def describe(self) -> dict[str, Any]:
+        return {"sink": self.sink.describe(), "output_mode": self.output_mode}
+
+
+def _default_dead_letter_sink(chk: Checkpoint) -> Sink:
+    from sinks.parquet import ParquetSink
+
+    return ParquetSink(chk.dead_letter_dir)

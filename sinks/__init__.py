@@ -1,0 +1,47 @@
+"""Sinks: where a streaming query's result rows go, exactly once per batch id.
+
+The engine calls ``sink.open(ctx)``, then ``sink.add_batch(batch_id, df)`` for
+each batch, possibly repeating the last id after a crash; every sink here makes
+that repeat a no-op (see :mod:`sinks.base`). This package never imports the
+engine, so the sinks can be used and tested on their own.
+
+- :class:`ParquetSink`: files plus a manifest of committed batches (append);
+  read back with :func:`read_parquet_output`.
+- :class:`MemorySink`: an in-process table for tests and notebooks
+  (append, update, complete); read back with :func:`memory_table`.
+- :class:`ConsoleSink`: prints each batch.
+- :class:`ForeachBatchSink`: calls ``fn(df, batch_id)``; idempotency is ``fn``'s job.
+"""
+
+from __future__ import annotations
+
+from sinks.base import OutputMode, Sink, SinkContext
+from sinks.console import ConsoleSink
+from sinks.exceptions import SinkConfigError, SinkError
+from sinks.foreach import ForeachBatchSink
+from sinks.memory import (
+    MemorySink,
+    UnknownTableError,
+    drop_memory_table,
+    memory_batches,
+    memory_table,
+)
+from sinks.parquet import ParquetSink, committed_files, read_parquet_output
+
+__all__ = [
+    "ConsoleSink",
+    "ForeachBatchSink",
+    "MemorySink",
+    "OutputMode",
+    "ParquetSink",
+    "Sink",
+    "SinkConfigError",
+    "SinkContext",
+    "SinkError",
+    "UnknownTableError",
+    "committed_files",
+    "drop_memory_table",
+    "memory_batches",
+    "memory_table",
+    "read_parquet_output",
+]

@@ -1,0 +1,405 @@
+"""Parquet files in a directory, exactly once per batch through a manifest.
+
+Layout of an output directory::
+
+    out/
+      part-0000000007-00000.parquet       # batch 7, file 0
+      country=FR/part-0000000008-00000.parquet   # with partition_by=["country"]
+      _manifest/7.json                    # the commit record of batch 7
+
+Protocol for batch ``N`` (NOTE: the order is what makes it exactly-once):
+
+1. If ``_manifest/N.json`` exists, batch ``N`` is committed: return.
+2. Write each data file under a hidden temp name, fsync it, rename it to its
+   deterministic name ``part-{N:010d}-{i:05d}.parquet``, fsync the directories.
+3. ``ctx.at("sink.after_data", N)``.
+4. Write ``_manifest/N.json`` atomically (temp, fsync, rename, fsync dir):
+   the files, their row counts and sizes, inside a checksummed envelope.
+
+The manifest entry is the commit point. Readers (:func:`read_parquet_output`,
+:func:`committed_files`) read only listed files, so they never see a batch
+that is half written. A crash before step 4 leaves unlisted files that are
+invisible, and the replay of ``N`` overwrites them under the same names.
+
+One output directory belongs to one query: :meth:`ParquetSink.open` refuses a
+directory whose manifest was written by another query id, since that query's
+batch ids would silently turn this query's batches into no-ops.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args
+from urllib.parse import quote
+
+import polars as pl
+
+from sinks.base import OutputMode, Sink, SinkContext
+from sinks.exceptions import SinkConfigError, SinkError
+
+ParquetCompression = Literal["lz4", "uncompressed", "snappy", "gzip", "brotli", "zstd"]
+
+MANIFEST_DIR = "_manifest"
+FORMAT_VERSION = 1
+_KIND = "parquet-sink-manifest"
+_ENTRY_NAME = re.compile(r"^(\d+)\.json$")
+_FILE_COL = "__microbatch_file__"
+_KEY_PREFIX = "__microbatch_part_"
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+_COMPRESSIONS = frozenset(get_args(ParquetCompression))
+
+
+class ParquetSink(Sink):
+    """Appends each batch as Parquet files under ``path``, exactly once per batch id.
+
+    Only the ``append`` output mode is supported: files cannot be updated in
+    place. Use the memory sink, or a Delta sink (merge), for ``update`` and
+    ``complete``.
+
+    Parameters
+    ----------
+    path
+        The output directory; created when missing.
+    compression
+        The Parquet compression codec of the data files.
+    partition_by
+        Column(s) to lay out hive-style (``col=value/`` directories). The
+        columns are stored in the paths, not in the files, as Hive and Spark
+        do; :func:`read_parquet_output` restores them with their exact types.
+    """
+
+    supported_modes: tuple[OutputMode, ...] = ("append",)
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        compression: ParquetCompression = "zstd",
+        partition_by: str | Sequence[str] | None = None,
+    ) -> None:
+        if compression not in _COMPRESSIONS:
+            raise SinkConfigError(
+                f"unknown Parquet compression {compression!r}; use one of {sorted(_COMPRESSIONS)}"
+            )
+        columns = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by or ())
+        if len(set(columns)) != len(columns):
+            raise SinkConfigError(f"partition_by names a column twice: {list(columns)}")
+        self.path = Path(path)
+        self.compression: ParquetCompression = compression
+        self.partition_by: tuple[str, ...] = columns
+        self._root = self.path.absolute()
+        self._ctx: SinkContext | None = None
+
+    def open(self, ctx: SinkContext) -> None:
+        """Check the output mode and that the directory belongs to this query."""
+        if ctx.output_mode not in self.supported_modes:
+            raise SinkConfigError(
+                f"ParquetSink({str(self.path)!r}) supports only output_mode='append', "
+                f"not {ctx.output_mode!r}: Parquet files cannot be updated in place. "
+                "Use write_memory for update/complete results, or write_delta "
+                "(merge) to keep an upserted table."
+            )
+        if self._root.exists() and not self._root.is_dir():
+            raise SinkConfigError(f"Parquet output path {self._root} exists and is not a directory")
+        (self._root / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
+        _fsync(self._root.parent)  # make the directories themselves durable
+        _fsync(self._root)
+        entries = _entry_paths(self._root)
+        if entries:
+            latest = _read_entry(entries[-1][1], entries[-1][0])
+            if latest["query_id"] != ctx.query_id:
+                raise SinkConfigError(
+                    f"Parquet output directory {self._root} holds batches up to "
+                    f"{entries[-1][0]} written by query {latest['query_id']}, and this is "
+                    f"query {ctx.query_id}. One output directory belongs to one query: resume "
+                    "with that query's checkpoint, or write to a new directory."
+                )
+            if tuple(latest["partition_by"]) != self.partition_by:
+                raise SinkConfigError(
+                    f"Parquet output directory {self._root} is partitioned by "
+                    f"{latest['partition_by']}, not {list(self.partition_by)}; keep the "
+                    "partitioning of an existing output, or write to a new directory."
+                )
+        self._ctx = ctx
+
+    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
+        """Write batch ``batch_id`` and commit it in the manifest; a no-op if committed."""
+        ctx = self._ctx
+        if ctx is None:
+            raise SinkError(
+                f"ParquetSink({str(self.path)!r}).add_batch({batch_id}) before open(ctx); "
+                "the engine opens sinks before the first batch"
+            )
+        if batch_id < 0:
+            raise SinkError(f"batch ids are never negative, got {batch_id}")
+        entry = _entry_path(self._root, batch_id)
+        if entry.exists():
+            _read_entry(entry, batch_id)  # a corrupt commit record must not pass silently
+            return
+        try:
+            files, partitions = self._write_data(batch_id, df)
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise SinkError(
+                f"cannot write the data files of batch {batch_id} under {self._root}: {exc}"
+            ) from exc
+        ctx.at("sink.after_data", batch_id)
+        body: dict[str, Any] = {
+            "batch_id": batch_id,
+            "query_id": ctx.query_id,
+            "rows": df.height,
+            "files": files,
+            "partition_by": list(self.partition_by),
+            "partitions": _frame_to_text(partitions) if partitions is not None else None,
+            "schema": _frame_to_text(df.clear()),
+        }
+        try:
+            _write_bytes_atomic(entry, _encode(body))
+        except OSError as exc:
+            raise SinkError(
+                f"cannot write manifest entry {entry} of batch {batch_id}: {exc}"
+            ) from exc
+
+    def describe(self) -> dict[str, Any]:
+        """The sink kind, directory, compression and partition columns."""
+        return {
+            "kind": type(self).__name__,
+            "path": str(self.path),
+            "compression": self.compression,
+            "partition_by": list(self.partition_by),
+        }
+
+    def _write_data(
+        self, batch_id: int, df: pl.DataFrame
+    ) -> tuple[list[dict[str, Any]], pl.DataFrame | None]:
+        """Write the batch's files; return their manifest records and partition values."""
+        if df.height == 0:
+            return [], None
+        groups, partitions = self._split(batch_id, df)
+        files = []
+        dirs: set[Path] = set()
+        for rel, part in groups:
+            final = self._root / rel
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+            try:
+                part.write_parquet(tmp, compression=self.compression, statistics=True)
+                _fsync(tmp)
+                os.replace(tmp, final)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            files.append({"path": rel, "rows": part.height, "bytes": final.stat().st_size})
+            dirs.update(p for p in final.parents if p == self._root or self._root in p.parents)
+        for directory in sorted(dirs, reverse=True):
+            _fsync(directory)
+        return files, partitions
+
+    def _split(
+        self, batch_id: int, df: pl.DataFrame
+    ) -> tuple[list[tuple[str, pl.DataFrame]], pl.DataFrame | None]:
+        """Relative file names and frames for the batch, plus a frame of the typed
+        partition values of each file (``None`` without ``partition_by``)."""
+        cols = list(self.partition_by)
+        if not cols:
+            return [(_file_name(batch_id, 0), df)], None
+        missing = [c for c in cols if c not in df.columns]
+        if missing:
+            raise SinkError(
+                f"batch {batch_id} lacks the partition column(s) {missing}; "
+                f"its columns are {df.columns}"
+            )
+        if len(cols) == len(df.columns):
+            raise SinkError(f"partition_by {cols} leaves no data columns to write in the files")
+        keys = [f"{_KEY_PREFIX}{i}" for i in range(len(cols))]
+        try:
+            keyed = df.with_columns(
+                pl.col(c).cast(pl.String).alias(k) for c, k in zip(cols, keys, strict=True)
+            )
+        except pl.exceptions.PolarsError as exc:
+            raise SinkError(
+                f"cannot partition batch {batch_id} by {cols}: the values have no text form ({exc})"
+            ) from exc
+        parts = keyed.partition_by(keys, as_dict=True, maintain_order=True)
+        dirs = {
+            key: "/".join(
+                f"{quote(c, safe='')}={_hive_value(v)}" for c, v in zip(cols, key, strict=True)
+            )
+            for key in parts
+        }
+        # Sorted by path, so the replay of a batch reuses the same file names.
+        by_dir = sorted(((dirs[key], part) for key, part in parts.items()), key=lambda x: x[0])
+        groups = []
+        values = []
+        for i, (directory, part) in enumerate(by_dir):
+            rel = f"{directory}/{_file_name(batch_id, i)}"
+            groups.append((rel, part.drop(keys + cols)))
+            values.append(part.select(cols).head(1).with_columns(pl.lit(rel).alias(_FILE_COL)))
+        return groups, pl.concat(values, how="vertical")
+
+
+def committed_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The data files of every committed batch, in batch order.
+
+    Files left by a crashed, uncommitted attempt are never listed. Raises
+    :class:`SinkError` when a manifest entry is corrupt.
+    """
+    root = Path(path).absolute()
+    return [root / f["path"] for _, body in _entries(root) for f in body["files"]]
+
+
+def read_parquet_output(path: str | os.PathLike[str]) -> pl.DataFrame:
+    """Read every committed batch of a :class:`ParquetSink` directory, in batch order.
+
+    Only files listed in the manifest are read, so a half-written batch is
+    never visible. An output without batches gives an empty frame (with the
+    schema when a batch, even empty, was committed). Raises :class:`SinkError`
+    when a manifest entry is corrupt or a listed file is missing or changed.
+    """
+    root = Path(path).absolute()
+    if not root.is_dir():
+        raise SinkError(f"Parquet output directory {root} does not exist")
+    entries = _entries(root)
+    if not entries:
+        return pl.DataFrame()
+    latest = entries[-1][1]
+    schema = _frame_from_text(latest["schema"]).schema
+    files: list[str] = []
+    for batch_id, body in entries:
+        for record in body["files"]:
+            file = root / record["path"]
+            size = file.stat().st_size if file.is_file() else None
+            if size != record["bytes"]:
+                state = "missing" if size is None else f"{size} bytes, not {record['bytes']}"
+                raise SinkError(
+                    f"data file {file} of committed batch {batch_id} is {state}; "
+                    "the output directory was changed outside the sink"
+                )
+            files.append(str(file))
+    if not files:
+        return pl.DataFrame(schema=schema)
+    if not latest["partition_by"]:
+        return pl.read_parquet(files, hive_partitioning=False, glob=False)
+    mapping = pl.concat(
+        [_frame_from_text(body["partitions"]) for _, body in entries if body["files"]],
+        how="vertical_relaxed",
+    ).with_columns((pl.lit(str(root) + os.sep) + pl.col(_FILE_COL)).alias(_FILE_COL))
+    return (
+        pl.scan_parquet(files, hive_partitioning=False, glob=False, include_file_paths=_FILE_COL)
+        .join(mapping.lazy(), on=_FILE_COL, how="left", maintain_order="left")
+        .select(list(schema))
+        .collect()
+    )
+
+
+# -- manifest entries -------------------------------------------------------------------------
+
+
+def _file_name(batch_id: int, index: int) -> str:
+    return f"part-{batch_id:010d}-{index:05d}.parquet"
+
+
+def _hive_value(value: str | None) -> str:
+    # Hive's convention: null (and the empty string, which no path can hold) go to
+    # the default partition. The manifest keeps each file's exact values apart.
+    return _HIVE_NULL if value is None or value == "" else quote(value, safe="")
+
+
+def _entry_path(root: Path, batch_id: int) -> Path:
+    return root / MANIFEST_DIR / f"{batch_id}.json"
+
+
+def _entry_paths(root: Path) -> list[tuple[int, Path]]:
+    """Committed batch ids and their entry files, ascending (temp files ignored)."""
+    directory = root / MANIFEST_DIR
+    if not directory.is_dir():
+        return []
+    found = []
+    for name in os.listdir(directory):
+        match = _ENTRY_NAME.match(name)
+        if match:
+            found.append((int(match.group(1)), directory / name))
+    return sorted(found)
+
+
+def _entries(root: Path) -> list[tuple[int, dict[str, Any]]]:
+    return [(batch_id, _read_entry(file, batch_id)) for batch_id, file in _entry_paths(root)]
+
+
+def _canonical(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    payload = _canonical(body)
+    digest = hashlib.sha256(payload).hexdigest()
+    head = f'{{"format":{FORMAT_VERSION},"kind":"{_KIND}","sha256":"{digest}","body":'
+    return head.encode() + payload + b"}\n"
+
+
+def _read_entry(path: Path, batch_id: int) -> dict[str, Any]:
+    """Read and verify one manifest entry; :class:`SinkError` naming the file if bad."""
+    fix = "Restore it from a backup, or write the output to a new directory."
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise SinkError(f"manifest entry {path} cannot be read as JSON ({exc}). {fix}") from exc
+    if not isinstance(doc, dict) or not {"format", "kind", "sha256", "body"} <= doc.keys():
+        raise SinkError(f"manifest entry {path} is not a microbatch Parquet manifest entry. {fix}")
+    if doc["kind"] != _KIND:
+        raise SinkError(f"manifest entry {path} holds a {doc['kind']!r} record. {fix}")
+    if not isinstance(doc["format"], int) or doc["format"] > FORMAT_VERSION:
+        raise SinkError(
+            f"manifest entry {path} has format {doc['format']!r}, newer than the format "
+            f"{FORMAT_VERSION} this version reads; upgrade microbatch."
+        )
+    body = doc["body"]
+    if hashlib.sha256(_canonical(body)).hexdigest() != doc["sha256"]:
+        raise SinkError(f"manifest entry {path} fails its checksum: it was changed. {fix}")
+    if not isinstance(body, dict) or body.get("batch_id") != batch_id:
+        raise SinkError(f"manifest entry {path} does not describe batch {batch_id}. {fix}")
+    return body
+
+
+def _frame_to_text(df: pl.DataFrame) -> str:
+    """A small frame (a schema, partition values) as base64 Arrow IPC: exact types."""
+    buffer = io.BytesIO()
+    df.write_ipc(buffer, compression="uncompressed")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _frame_from_text(text: str) -> pl.DataFrame:
+    return pl.read_ipc(io.BytesIO(base64.b64decode(text)))
+
+
+# -- durable file operations ------------------------------------------------------------------
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries (renames, creates), to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a reader sees the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync(path.parent)
