@@ -32,6 +32,7 @@ def read_memory(
     schema: pl.Schema | Mapping[str, Any] | None = None,
     max_records_per_batch: int | None = None,
     name: str | None = None,
+    partition_column: str | None = None,
 ) -> MemoryStream:
     """A stream of rows held in this process; add more with ``.add(rows)``.
 
@@ -45,7 +46,8 @@ def read_memory(
     [2, 3]
     """
     return MemoryStream(
-        MemorySource(data, schema=schema, max_records_per_batch=max_records_per_batch, name=name)
+        MemorySource(data, schema=schema, max_records_per_batch=max_records_per_batch, name=name,
+                     partition_column=partition_column)
     )
 
 

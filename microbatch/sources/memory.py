@@ -1,5 +1,8 @@
 """An in-process source fed by the caller: notebooks and tests.
 
+``partition_column`` names a column whose value is the row's partition, for
+per-partition watermarks (as Kafka partitions would be).
+
 Offsets are row counts. Rows added with :meth:`MemorySource.add` are kept
 until a batch that read them is committed, so a batch re-run in the same
 process reads the same rows. The data lives in memory only: after the
@@ -35,11 +38,13 @@ class MemorySource(Source):
         schema: pl.Schema | Mapping[str, Any] | None = None,
         max_records_per_batch: int | None = None,
         name: str | None = None,
+        partition_column: str | None = None,
     ) -> None:
         if max_records_per_batch is not None and max_records_per_batch < 1:
             raise PlanError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
         self.name = name or f"memory-{id(self):x}"
         self.max_records_per_batch = max_records_per_batch
+        self.partition_column = partition_column
         self._schema = _as_schema(schema)
         self._lock = threading.Lock()
         self._chunks: list[pl.DataFrame] = []
@@ -111,7 +116,10 @@ class MemorySource(Source):
             base = self._base
         if data is None:
             return SourceBatch(self._schema.to_frame() if self._schema else pl.DataFrame())
-        return SourceBatch(data.slice(start - base, end - start))
+        rows = data.slice(start - base, end - start)
+        if self.partition_column is not None:
+            return SourceBatch(rows, partitions=rows[self.partition_column])
+        return SourceBatch(rows)
 
     def commit(self, end: Offset) -> None:
         """Forget whole chunks that end at or before ``end``."""

@@ -1,0 +1,796 @@
+"""A directory of files as a replayable log.
+
+The directory's file list is the log. Each time the engine plans, new files
+are *admitted* in a stable order, ``(modification time, name)``, and appended
+to a durable, append-only **file ledger** kept in the source's state
+directory. An offset is the number of files admitted so far, so the range
+``[start, end)`` always names the same files, across restarts too: a file is
+never read twice and never skipped.
+
+Decoding is bulk (one Polars call per file on the good path). Bad input never
+loses good data: an unreadable file, a malformed JSON line or a value that
+does not fit the schema becomes a dead-letter row with its location (file, or
+``file:line``), the reason and, for text formats, the raw bytes; the rest of
+the batch goes on.
+
+NOTE: writers should create files under a hidden or temporary name
+(``.name``, ``_name`` or ``*.tmp``) and rename them into place: a visible file
+is admitted as soon as it is listed, and only the bytes present at admission
+(its recorded size) are ever read.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+import polars as pl
+
+from microbatch.checkpoint.files import fsync_dir, read_json, write_json_atomic
+from microbatch.exceptions import CheckpointCorruptError, PlanError, SourceError
+from microbatch.sources.base import (
+    DEAD_LETTER_SCHEMA,
+    Source,
+    SourceBatch,
+    SourceContext,
+    empty_dead_letters,
+)
+
+FileFormat = Literal["parquet", "json", "csv"]
+
+DEFAULT_GLOBS: dict[str, tuple[str, ...]] = {
+    "parquet": ("*.parquet",),
+    "json": ("*.json", "*.jsonl", "*.ndjson"),
+    "csv": ("*.csv",),
+}
+"""File name patterns listed per format when no ``glob`` is given."""
+
+TEMP_SUFFIXES = (".tmp", ".temp", ".crc", ".part", ".partial", ".swp", ".inprogress", "~")
+"""Files ending like this are being written by someone and are never admitted."""
+
+LEDGER_KIND = "file-ledger"
+_REASON_LIMIT = 300
+_VALUE_LIMIT = 80
+_T = TypeVar("_T")
+# Errors a decoder may raise on bad input. Polars raises PanicException (a
+# BaseException) on some malformed inputs; it must not escape as a crash.
+_DECODE_ERRORS = (pl.exceptions.PolarsError, pl.exceptions.PanicException, ValueError, OSError)
+
+
+# --------------------------------------------------------------------------- ledger
+
+
+@dataclass(frozen=True)
+class LedgerFile:
+    """One admitted file: its position in the log and what it was when admitted."""
+
+    seq: int
+    path: str
+    """Path relative to the source directory, with ``/`` separators."""
+    size: int
+    mtime_ns: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The ledger-entry form of this file."""
+        return {"seq": self.seq, "path": self.path, "size": self.size, "mtime_ns": self.mtime_ns}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> LedgerFile:
+        """Inverse of :meth:`to_json`."""
+        return cls(int(doc["seq"]), str(doc["path"]), int(doc["size"]), int(doc["mtime_ns"]))
+
+
+class FileLedger:
+    """The append-only list of admitted files, durable under ``directory``.
+
+    Every :meth:`append` writes one entry file ``<first_seq>`` atomically
+    (checksummed, see :mod:`microbatch.checkpoint.files`) before the files
+    become visible, so an offset handed to the engine always refers to files
+    that survive a crash. When there are more than ``compact_threshold``
+    entry files they are rewritten as one entry; the ledger's content never
+    changes. With ``directory=None`` the ledger lives in memory only.
+    """
+
+    compact_threshold: int = 100
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self._files: list[LedgerFile] = []
+        self._paths: set[str] = set()
+        self._entries: list[Path] = []
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._load(directory)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._paths
+
+    def __iter__(self) -> Iterator[LedgerFile]:
+        return iter(self._files)
+
+    def files(self, start: int, end: int) -> list[LedgerFile]:
+        """The files with ``start <= seq < end``."""
+        return self._files[start:end]
+
+    @property
+    def entry_count(self) -> int:
+        """How many entry files the ledger is stored in (0 in memory)."""
+        return len(self._entries)
+
+    def append(self, files: Sequence[tuple[str, int, int]]) -> None:
+        """Admit ``(path, size, mtime_ns)`` files, in the given order, durably."""
+        if not files:
+            return
+        first = len(self._files)
+        added = [LedgerFile(first + i, p, size, mtime) for i, (p, size, mtime) in enumerate(files)]
+        if self.directory is not None:
+            entry = self.directory / f"{first:020d}"
+            body = {"first_seq": first, "files": [f.to_json() for f in added]}
+            write_json_atomic(entry, LEDGER_KIND, body)
+            self._entries.append(entry)
+        self._files.extend(added)
+        self._paths.update(f.path for f in added)
+        if len(self._entries) > self.compact_threshold:
+            self.compact()
+
+    def compact(self) -> None:
+        """Rewrite all entry files as one, then remove the others.
+
+        NOTE: the compacted entry replaces entry ``0`` atomically *before* the
+        others are removed; a crash in between leaves entries fully covered by
+        entry ``0``, which :meth:`_load` recognises, checks and removes.
+        """
+        if self.directory is None or len(self._entries) <= 1:
+            return
+        target = self.directory / f"{0:020d}"
+        body = {"first_seq": 0, "files": [f.to_json() for f in self._files]}
+        write_json_atomic(target, LEDGER_KIND, body)
+        for entry in self._entries:
+            if entry != target:
+                entry.unlink(missing_ok=True)
+        fsync_dir(self.directory)
+        self._entries = [target]
+
+    def _load(self, directory: Path) -> None:
+        found = sorted((int(p.name), p) for p in directory.iterdir() if p.name.isdigit())
+        stale: list[Path] = []
+        for first, entry in found:
+            body = read_json(entry, LEDGER_KIND)
+            files = [LedgerFile.from_json(doc) for doc in body["files"]]
+            if body["first_seq"] != first or [f.seq for f in files] != list(
+                range(first, first + len(files))
+            ):
+                raise CheckpointCorruptError(
+                    f"file ledger entry {entry} does not hold files {first}.. in sequence; "
+                    "restore the source's state directory from a backup or start the "
+                    "query on a new checkpoint"
+                )
+            end = first + len(files)
+            if end <= len(self._files) and files == self._files[first:end]:
+                stale.append(entry)  # left behind by an interrupted compaction
+                continue
+            if first != len(self._files):
+                raise CheckpointCorruptError(
+                    f"file ledger entry {entry} starts at file {first} but the entries before "
+                    f"it hold {len(self._files)} files (an entry is missing or overlaps); "
+                    "restore the source's state directory or start on a new checkpoint"
+                )
+            self._files.extend(files)
+            self._entries.append(entry)
+        self._paths = {f.path for f in self._files}
+        for entry in stale:
+            entry.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- source
+
+
+class FileSource(Source):
+    """Files in a directory, read in admission order; each file exactly once.
+
+    Parameters
+    ----------
+    path
+        The directory to watch. It is listed (not recursively, unless ``glob``
+        says ``**``) each time the engine plans a batch.
+    format
+        ``"parquet"``, ``"json"`` (newline-delimited JSON) or ``"csv"`` (with a
+        header line).
+    schema
+        Columns and types of the output; the output has exactly these columns,
+        in this order. Required for ``json`` and ``csv``; inferred from the
+        files for ``parquet`` when ``None``. JSON and CSV values are read as
+        text and converted: numbers, ``true``/``false``, ISO-8601 strings into
+        ``pl.Datetime`` (offsets converted to the schema's time zone, naive
+        strings taken to be in it) and ``pl.Date``, JSON text into nested
+        types. A non-null value that does not convert (``"abc"`` for
+        ``Int64``, ``1.5`` for ``Int64``, an epoch number for ``Datetime``)
+        sends its row to the dead letters with the column named. Missing
+        fields, and missing trailing CSV fields, are null.
+    max_files_per_batch
+        At most this many files per batch (``None``: all new files).
+    glob
+        File name pattern relative to ``path`` (default per format:
+        ``*.parquet``; ``*.json``, ``*.jsonl``, ``*.ndjson``; ``*.csv``). Hidden
+        files (``.``/``_`` prefix) and temporary files are never admitted.
+
+    Guarantees: offsets are file counts in a durable ledger, so ``read(a, b)``
+    returns the same rows every time, after restarts too; rows that cannot be
+    decoded go to ``dead_letters`` and never stop the batch.
+
+    Examples
+    --------
+    >>> src = FileSource("landing/", format="json", schema={"id": pl.Int64})  # doctest: +SKIP
+    """
+
+    kind = "files"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        format: FileFormat,
+        schema: pl.Schema | dict[str, Any] | None = None,
+        max_files_per_batch: int | None = None,
+        glob: str | None = None,
+    ) -> None:
+        if format not in DEFAULT_GLOBS:
+            raise PlanError(
+                f"read_files: format must be 'parquet', 'json' or 'csv', got {format!r}"
+            )
+        if schema is None and format != "parquet":
+            raise PlanError(
+                f"read_files({str(path)!r}, format={format!r}) needs a schema: JSON and CSV "
+                "files carry no types. Pass schema={'col': pl.Int64, ...}."
+            )
+        if max_files_per_batch is not None and (
+            isinstance(max_files_per_batch, bool)
+            or not isinstance(max_files_per_batch, int)
+            or max_files_per_batch < 1
+        ):
+            raise PlanError(
+                f"read_files: max_files_per_batch must be a positive integer or None, "
+                f"got {max_files_per_batch!r}"
+            )
+        self.path = Path(path).resolve()
+        self.format: FileFormat = format
+        self._schema = pl.Schema(schema) if schema is not None else None
+        self.max_files_per_batch = max_files_per_batch
+        self.globs: tuple[str, ...] = (glob,) if glob else DEFAULT_GLOBS[format]
+        self._ledger: FileLedger | None = None
+
+    # -- identity ---------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """Kind, resolved path, format, schema, patterns and the per-batch cap."""
+        return {
+            "kind": self.kind,
+            "path": str(self.path),
+            "format": self.format,
+            "max_files_per_batch": self.max_files_per_batch,
+            "glob": list(self.globs),
+            "schema": None
+            if self._schema is None
+            else {name: str(dtype) for name, dtype in self._schema.items()},
+        }
+
+    def identity(self) -> dict[str, Any]:
+        """Kind, resolved path and format: the same offsets name the same files."""
+        return {"kind": self.kind, "path": str(self.path), "format": self.format}
+
+    @property
+    def schema(self) -> pl.Schema | None:
+        """The output schema when one was given."""
+        return self._schema
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def open(self, ctx: SourceContext) -> None:
+        """Load the file ledger from ``ctx.state_dir / "ledger"`` (memory if ``None``)."""
+        self._ledger = FileLedger(None if ctx.state_dir is None else ctx.state_dir / "ledger")
+
+    def close(self) -> None:
+        """Forget the in-memory copy of the ledger; :meth:`open` reloads it."""
+        self._ledger = None
+
+    @property
+    def ledger(self) -> FileLedger:
+        """The file ledger (an in-memory one when :meth:`open` was never called)."""
+        if self._ledger is None:
+            self._ledger = FileLedger(None)
+        return self._ledger
+
+    def initial_offset(self) -> int:
+        """No file admitted yet."""
+        return 0
+
+    def latest_offset(self, start: Any, *, capped: bool = True) -> int:
+        """Admit new files, then return the end of the next batch.
+
+        New files are appended to the ledger (durably) in ``(mtime, name)``
+        order; the result is the ledger length, or ``start +
+        max_files_per_batch`` if that is smaller and ``capped``.
+        """
+        begin = self._check_offset(start)
+        ledger = self.ledger
+        if begin > len(ledger):
+            raise self._lost_ledger_error(begin)
+        ledger.append(self._list_new_files(ledger))
+        total = len(ledger)
+        if capped and self.max_files_per_batch is not None:
+            return min(total, begin + self.max_files_per_batch)
+        return total
+
+    def compare(self, a: Any, b: Any) -> int:
+        """Integer comparison of two file counts."""
+        x, y = self._check_offset(a), self._check_offset(b)
+        return (x > y) - (x < y)
+
+    def read(self, start: Any, end: Any) -> SourceBatch:
+        """Decode exactly the ledger's files ``[start, end)``.
+
+        Raises :class:`SourceError` when one of them is no longer in the
+        directory: silently skipping it would change a recorded batch.
+        """
+        begin, stop = self._check_offset(start), self._check_offset(end)
+        ledger = self.ledger
+        if stop > len(ledger):
+            raise self._lost_ledger_error(stop)
+        frames: list[pl.DataFrame] = []
+        dead: list[pl.DataFrame] = []
+        for entry in ledger.files(begin, stop):
+            data, letters = self._read_file(entry, begin, stop)
+            if data is not None:
+                frames.append(data)
+            if letters.height:
+                dead.append(letters)
+        return SourceBatch(
+            data=self._concat(frames),
+            dead_letters=pl.concat(dead) if dead else empty_dead_letters(),
+        )
+
+    # -- listing ----------------------------------------------------------------
+
+    def _list_new_files(self, ledger: FileLedger) -> list[tuple[str, int, int]]:
+        if not self.path.is_dir():
+            raise SourceError(
+                f"files source: {self.path} is not a directory (missing or a file); "
+                "create it, or fix the path given to read_files"
+            )
+        seen: dict[str, tuple[int, int]] = {}
+        for pattern in self.globs:
+            for candidate in self.path.glob(pattern):
+                rel = candidate.relative_to(self.path).as_posix()
+                if rel in seen or rel in ledger or _is_hidden_or_temp(rel):
+                    continue
+                try:
+                    st = candidate.stat()
+                except FileNotFoundError:  # renamed or removed while listing
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    seen[rel] = (st.st_size, st.st_mtime_ns)
+        order = sorted(seen, key=lambda rel: (seen[rel][1], rel))
+        return [(rel, seen[rel][0], seen[rel][1]) for rel in order]
+
+    # -- reading ----------------------------------------------------------------
+
+    def _read_file(
+        self, entry: LedgerFile, start: int, end: int
+    ) -> tuple[pl.DataFrame | None, pl.DataFrame]:
+        where = self.path / entry.path
+        try:
+            size_now = where.stat().st_size
+        except FileNotFoundError:
+            raise SourceError(
+                f"files source {self.path}: file {entry.path!r} (ledger seq {entry.seq}, part of "
+                f"offsets [{start}, {end})) is gone. Put the file back to replay this batch, or "
+                "start the query on a new checkpoint to skip it."
+            ) from None
+        changed = size_now < entry.size or (self.format == "parquet" and size_now != entry.size)
+        if changed:
+            return None, self._file_letter(
+                where,
+                f"file changed after it was admitted (size {entry.size} then, {size_now} now); "
+                "it was not read and is left in place: write new data to a new file",
+            )
+        if entry.size == 0:
+            return None, empty_dead_letters()
+        with where.open("rb") as fh:
+            buf = fh.read(entry.size)
+        if self.format == "parquet":
+            return self._decode_parquet(buf, where)
+        return self._decode_text(buf, where)
+
+    def _decode_parquet(self, buf: bytes, where: Path) -> tuple[pl.DataFrame | None, pl.DataFrame]:
+        try:
+            frame = pl.read_parquet(io.BytesIO(buf))
+        except _DECODE_ERRORS as exc:
+            return None, self._file_letter(
+                where,
+                f"cannot read Parquet file ({_short(exc)}); the file is left in place and "
+                "is not retried: fix or replace it under a new name",
+            )
+        if self._schema is None:
+            return frame, empty_dead_letters()
+        data, reasons = _conform(frame, self._schema)
+        bad = reasons.is_not_null()
+        if not bad.any():
+            return data, empty_dead_letters()
+        rows = np.flatnonzero(bad.to_numpy())
+        raw = frame.filter(bad).write_ndjson().encode().splitlines()
+        letters = pl.DataFrame(
+            {
+                "source": f"files:{self.path}",
+                "location": [f"{where}#row={r}" for r in rows],
+                "reason": reasons.filter(bad),
+                "raw": raw,
+            },
+            schema=DEAD_LETTER_SCHEMA,
+        )
+        return data.filter(~bad), letters
+
+    def _decode_text(self, buf: bytes, where: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Decode a JSON-lines or CSV file.
+
+        The good path is one parse and one cast of the whole file. Only when
+        that fails, or some rows do not fit the schema, are the records located
+        (numpy over the bytes) and, if needed, the failing ones found by
+        bisection.
+        """
+        schema = self._text_schema
+        csv = self.format == "csv"
+        whole: pl.DataFrame | None
+        try:
+            whole = self._parse_whole(buf)
+        except _DECODE_ERRORS:
+            whole = None
+        if whole is not None:
+            data, reasons = _conform(whole, schema)
+            # the CSV reader turns a blank line into a row of nulls
+            blank_rows = csv and bool(
+                whole.select(pl.all_horizontal(pl.all().is_null()).any()).item()
+            )
+            if not blank_rows and reasons.null_count() == len(reasons):
+                return data, empty_dead_letters()
+        records = _Records.split(buf, csv=csv)
+        expected = records.count if csv else records.nonblank_count(0, records.count)
+        goods: list[tuple[int, int, pl.DataFrame]]
+        if whole is not None and whole.height == expected:
+            goods, bads = (
+                [(0, records.count, whole.filter(pl.Series(~records.blank)) if csv else whole)],
+                [],
+            )
+        else:
+            parse = self._parse_csv_chunk if csv else self._parse_json_chunk
+            goods, bads = _bisect(records.count, lambda lo, hi: parse(records, lo, hi))
+        good_rows = (
+            np.concatenate([records.nonblank_between(lo, hi) for lo, hi, _ in goods])
+            if goods
+            else np.empty(0, dtype=np.int64)
+        )
+        wire = [frame for _, _, frame in goods if frame.width]
+        frame = pl.concat(wire, how="diagonal") if wire else pl.DataFrame()
+        data, reasons = _conform(frame, schema)
+        what = "JSON line" if self.format == "json" else "CSV record"
+        bad_records = [i for i, _ in bads]
+        bad_reasons = [f"invalid {what}: {reason}" for _, reason in bads]
+        bad = reasons.is_not_null()
+        if bad.any():
+            bad_records.extend(good_rows[bad.to_numpy()].tolist())
+            bad_reasons.extend(reasons.filter(bad).to_list())
+            data = data.filter(~bad)
+        order = sorted(range(len(bad_records)), key=bad_records.__getitem__)
+        letters = self._line_letters(
+            records, where, [bad_records[k] for k in order], [bad_reasons[k] for k in order]
+        )
+        return data, letters
+
+    def _parse_whole(self, buf: bytes) -> pl.DataFrame:
+        if self.format == "json":
+            wire = dict.fromkeys(self._text_schema, pl.String)
+            return pl.read_ndjson(io.BytesIO(buf), schema=wire)
+        return pl.read_csv(io.BytesIO(buf), infer_schema=False, has_header=True)
+
+    def _parse_json_chunk(self, records: _Records, lo: int, hi: int) -> pl.DataFrame:
+        expected = records.nonblank_count(lo, hi)
+        if expected == 0:
+            return pl.DataFrame()
+        wire = dict.fromkeys(self._text_schema, pl.String)
+        frame = pl.read_ndjson(io.BytesIO(records.chunk(lo, hi)), schema=wire)
+        if frame.height != expected:
+            raise ValueError(f"expected {expected} JSON objects, found {frame.height}")
+        return frame
+
+    def _parse_csv_chunk(self, records: _Records, lo: int, hi: int) -> pl.DataFrame:
+        expected = records.nonblank_count(lo, hi)
+        if expected == 0:
+            return pl.DataFrame()
+        data = records.header + b"\n" + records.chunk(lo, hi) + b"\n"
+        frame = pl.read_csv(io.BytesIO(data), infer_schema=False, has_header=True)
+        if frame.height != hi - lo:
+            raise ValueError(f"expected {hi - lo} CSV records, found {frame.height}")
+        # a blank line is a row of nulls to the CSV reader, not a record
+        return frame.filter(pl.Series(~records.blank[lo:hi]))
+
+    # -- dead letters -----------------------------------------------------------
+
+    def _file_letter(self, where: Path, reason: str) -> pl.DataFrame:
+        return pl.DataFrame(
+            {
+                "source": [f"files:{self.path}"],
+                "location": [str(where)],
+                "reason": [reason],
+                "raw": [b""],
+            },
+            schema=DEAD_LETTER_SCHEMA,
+        )
+
+    def _line_letters(
+        self,
+        records: _Records,
+        where: Path,
+        rows: Sequence[int],
+        reasons: Sequence[str],
+    ) -> pl.DataFrame:
+        """Dead letters for records ``rows`` (a Python loop over bad records only)."""
+        return pl.DataFrame(
+            {
+                "source": [f"files:{self.path}"] * len(rows),
+                "location": [f"{where}:{records.lines[r]}" for r in rows],
+                "reason": reasons,
+                "raw": [records.raw(r) for r in rows],
+            },
+            schema=DEAD_LETTER_SCHEMA,
+        )
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _concat(self, frames: list[pl.DataFrame]) -> pl.DataFrame:
+        if self._schema is not None:
+            return pl.concat(frames) if frames else self._schema.to_frame()
+        if not frames:
+            return pl.DataFrame()
+        try:
+            return pl.concat(frames, how="diagonal_relaxed")
+        except pl.exceptions.PolarsError as exc:
+            raise SourceError(
+                f"files source {self.path}: the Parquet files of one batch have incompatible "
+                f"schemas ({_short(exc)}); pass schema=... to read_files to cast them"
+            ) from exc
+
+    @property
+    def _text_schema(self) -> pl.Schema:
+        if self._schema is None:  # pragma: no cover - refused in __init__
+            raise PlanError(f"read_files: format {self.format!r} needs a schema")
+        return self._schema
+
+    def _check_offset(self, offset: Any) -> int:
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise SourceError(
+                f"files source {self.path}: offset {offset!r} is not a file count; "
+                "was the checkpoint written by another kind of source?"
+            )
+        return offset
+
+    def _lost_ledger_error(self, offset: int) -> SourceError:
+        return SourceError(
+            f"files source {self.path}: the checkpoint refers to file {offset} but the file "
+            f"ledger holds only {len(self.ledger)} files; the ledger in the source's state "
+            "directory was deleted or belongs to another checkpoint. Restore it, or start "
+            "the query on a new checkpoint."
+        )
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _is_hidden_or_temp(rel: str) -> bool:
+    parts = rel.split("/")
+    return any(p.startswith((".", "_")) for p in parts) or rel.endswith(TEMP_SUFFIXES)
+
+
+def _short(exc: BaseException) -> str:
+    """The first line of an error message, bounded (Polars appends long hints)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
+
+
+def _bisect(
+    count: int, attempt: Callable[[int, int], _T]
+) -> tuple[list[tuple[int, int, _T]], list[tuple[int, str]]]:
+    """Run ``attempt`` on ``[0, count)``; on failure split the range and retry.
+
+    Returns the good ranges with their results, in order, and the single
+    items that fail on their own with the reason. One bulk call when all is
+    well; ``O(bad * log(count))`` calls otherwise.
+    """
+    goods: list[tuple[int, int, _T]] = []
+    bads: list[tuple[int, str]] = []
+    stack = [(0, count)]
+    while stack:
+        lo, hi = stack.pop()
+        if lo >= hi:
+            continue
+        try:
+            goods.append((lo, hi, attempt(lo, hi)))
+        except _DECODE_ERRORS as exc:
+            if hi - lo == 1:
+                bads.append((lo, _short(exc)))
+            else:
+                mid = (lo + hi) // 2
+                stack.extend([(mid, hi), (lo, mid)])
+    return goods, bads
+
+
+@dataclass(frozen=True)
+class _Records:
+    """The records of a text file as byte ranges, found with numpy.
+
+    JSON: one record per line. CSV: the first record is the header; a record
+    ends at a line end where the count of ``"`` so far is even (quoted fields
+    may hold newlines). ``lines`` is the 1-based line number of each record.
+    """
+
+    buf: bytes
+    starts: np.ndarray
+    ends: np.ndarray
+    lines: np.ndarray
+    blank: np.ndarray
+    header: bytes = b""
+
+    @classmethod
+    def split(cls, buf: bytes, *, csv: bool) -> _Records:
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        newlines = np.flatnonzero(arr == 10)
+        starts = np.concatenate(([0], newlines + 1)).astype(np.int64)
+        ends = np.concatenate((newlines, [len(buf)])).astype(np.int64)
+        if starts[-1] == len(buf):  # the text after the final newline is not a line
+            starts, ends = starts[:-1], ends[:-1]
+        last = np.maximum(ends - 1, 0)
+        ends = ends - ((ends > starts) & (arr[last] == 13))  # CRLF
+        first_line = np.arange(len(starts), dtype=np.int64)
+        last_line = first_line
+        if csv and len(starts):
+            quotes = np.flatnonzero(arr == 34)
+            per_line = np.searchsorted(quotes, ends) - np.searchsorted(quotes, starts)
+            balanced = np.cumsum(per_line) % 2 == 0
+            balanced[-1] = True  # an unterminated quote swallows the rest as one record
+            last_line = np.flatnonzero(balanced)
+            first_line = np.concatenate(([0], last_line[:-1] + 1))
+        rec_starts, rec_ends = starts[first_line], ends[last_line]
+        blank = rec_ends == rec_starts
+        # whitespace-only lines are blank too; only lines starting with
+        # whitespace need a look, and those are rare
+        lead = np.flatnonzero(~blank & np.isin(arr[np.minimum(rec_starts, len(buf) - 1)], (9, 32)))
+        for i in lead:
+            blank[i] = not buf[rec_starts[i] : rec_ends[i]].strip()
+        header = b""
+        lines = first_line + 1
+        if csv and len(rec_starts):
+            header = buf[rec_starts[0] : rec_ends[0]]
+            rec_starts, rec_ends, lines, blank = rec_starts[1:], rec_ends[1:], lines[1:], blank[1:]
+        return cls(buf, rec_starts, rec_ends, lines, blank, header)
+
+    @property
+    def count(self) -> int:
+        return len(self.starts)
+
+    def chunk(self, lo: int, hi: int) -> bytes:
+        """The bytes of records ``[lo, hi)`` as they are in the file."""
+        return self.buf[self.starts[lo] : self.ends[hi - 1]]
+
+    def raw(self, i: int) -> bytes:
+        """The bytes of record ``i``."""
+        return self.buf[self.starts[i] : self.ends[i]]
+
+    def nonblank_count(self, lo: int, hi: int) -> int:
+        return int(hi - lo - np.count_nonzero(self.blank[lo:hi]))
+
+    def nonblank_between(self, lo: int, hi: int) -> np.ndarray:
+        """Indices of the non-blank records in ``[lo, hi)`` (one row each)."""
+        return lo + np.flatnonzero(~self.blank[lo:hi])
+
+
+def _conform(frame: pl.DataFrame, schema: pl.Schema) -> tuple[pl.DataFrame, pl.Series]:
+    """Cast ``frame`` to exactly ``schema``.
+
+    Returns the cast frame and, per row, the reason the row does not fit (the
+    first column whose non-null value could not be converted), null when the
+    row is good. Missing columns are null; extra columns are dropped.
+    """
+    columns: list[pl.Series] = []
+    reasons: list[pl.Series] = []
+    for name, dtype in schema.items():
+        if name not in frame.columns:
+            columns.append(pl.Series(name, [None] * frame.height, dtype=dtype))
+            continue
+        source = frame.get_column(name)
+        converted = _convert(source, dtype).alias(name)
+        columns.append(converted)
+        failed = source.is_not_null() & converted.is_null()
+        if failed.any():
+            shown = source.cast(pl.String, strict=False).str.slice(0, _VALUE_LIMIT)
+            text = pl.select(
+                pl.when(pl.lit(failed))
+                .then(
+                    pl.concat_str(
+                        pl.lit(f"column {name!r}: cannot convert "),
+                        pl.lit(shown).fill_null("?"),
+                        pl.lit(f" to {dtype}"),
+                    )
+                )
+                .otherwise(None)
+            ).to_series()
+            reasons.append(text)
+    out = pl.DataFrame(columns) if columns else schema.to_frame()
+    if not reasons:
+        return out, pl.Series("reason", [None] * frame.height, dtype=pl.String)
+    first = pl.select(pl.coalesce([pl.lit(r) for r in reasons])).to_series().alias("reason")
+    return out, first
+
+
+def _convert(series: pl.Series, dtype: pl.DataType) -> pl.Series:
+    """``series`` as ``dtype``; values that do not convert become null."""
+    if series.dtype == dtype:
+        return series
+    if series.dtype != pl.String:
+        return series.cast(dtype, strict=False)
+    text = series.str.strip_chars()
+    if isinstance(dtype, pl.Datetime):
+        return _parse_datetime(text, dtype)
+    if isinstance(dtype, pl.Date):
+        return text.str.to_date("%Y-%m-%d", strict=False)
+    if isinstance(dtype, pl.Boolean):
+        return text.str.to_lowercase().replace_strict(
+            {"true": True, "false": False}, default=None, return_dtype=pl.Boolean
+        )
+    if dtype.is_nested():
+        return _decode_nested(series, dtype)
+    return text.cast(dtype, strict=False)
+
+
+def _parse_datetime(text: pl.Series, dtype: pl.Datetime) -> pl.Series:
+    """ISO-8601 strings (``T`` or space; with ``Z``/offset, naive, or date only)."""
+    unit = dtype.time_unit or "us"
+    tz = dtype.time_zone
+    iso = text.str.replace(r"^(\d{4}-\d{2}-\d{2}) ", "${1}T")
+    aware = iso.str.to_datetime("%+", time_unit=unit, time_zone="UTC", strict=False)
+    aware = aware.dt.convert_time_zone(tz) if tz else aware.dt.replace_time_zone(None)
+    if aware.null_count() == text.null_count():
+        return aware.alias(text.name)
+    naive = pl.select(
+        pl.coalesce(
+            pl.lit(iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", time_unit=unit, strict=False)),
+            pl.lit(iso.str.to_datetime("%Y-%m-%d", time_unit=unit, strict=False)),
+        )
+    ).to_series()
+    if tz:
+        naive = naive.dt.replace_time_zone(tz, ambiguous="earliest", non_existent="null")
+    return pl.select(pl.coalesce(pl.lit(aware), pl.lit(naive))).to_series().alias(text.name)
+
+
+def _decode_nested(series: pl.Series, dtype: pl.DataType) -> pl.Series:
+    """JSON text into a nested type; values that do not decode become null."""
+    goods, _ = _bisect(len(series), lambda lo, hi: series[lo:hi].str.json_decode(dtype))
+    if not goods:
+        return pl.Series(series.name, [None] * len(series), dtype=dtype)
+    parts: list[pl.Series] = []
+    index = 0
+    for lo, hi, decoded in goods:
+        if lo > index:
+            parts.append(pl.Series(series.name, [None] * (lo - index), dtype=dtype))
+        parts.append(decoded.cast(dtype))
+        index = hi
+    if index < len(series):
+        parts.append(pl.Series(series.name, [None] * (len(series) - index), dtype=dtype))
+    return pl.concat(parts)

@@ -1,0 +1,92 @@
+"""Kill -9 a real job process, restart it on the same checkpoint, repeat.
+
+The final output must equal one clean computation exactly: nothing lost,
+nothing twice. Random kill moments, plus a self-kill at every named point
+of the lifecycle (``MICROBATCH_FAULT``), with real processes and files.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import microbatch as mb
+from microbatch.sources.generator import GeneratorSource
+
+pytestmark = [pytest.mark.crash, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "jobs" / "generated_to_parquet.py"
+ROWS, CAP = 1_200_000, 2_000
+
+
+def command(chk: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "microbatch.cli", "run", str(JOB), "--checkpoint", str(chk),
+            "--trigger", "available-now", "--param", f"output={out}",
+            "--param", f"rows={ROWS}", "--param", f"max_records_per_batch={CAP}"]
+
+
+def expected() -> pl.DataFrame:
+    src = GeneratorSource(rows_per_second=None, total_rows=ROWS, seed=7, cards=1_000,
+                          start="2026-01-01T00:00:00+00:00")
+    o = src.initial_offset()
+    rows = src.read(o, src.latest_offset(o, capped=False)).data
+    return rows.filter(pl.col("amount") >= 20).select("event_id", "card_id", "amount", "event_time")
+
+
+def assert_exact(out: Path) -> None:
+    got = mb.read_parquet_output(out)
+    want = expected()
+    dupes = got.height - got["event_id"].n_unique()
+    assert dupes == 0, f"{dupes} rows written twice"
+    assert got.sort("event_id").equals(want), (
+        f"{want.height - got.height} rows missing" if got.height < want.height else "rows differ"
+    )
+
+
+def test_sigkill_at_random_moments(tmp_path: Path) -> None:
+    chk, out = tmp_path / "chk", tmp_path / "out"
+    rng = random.Random(int(os.environ.get("CRASH_SEED", "1234")))
+    kills = 0
+    log = tmp_path / "stderr.log"
+    for _attempt in range(40):
+        with log.open("wb") as err:
+            proc = subprocess.Popen(command(chk, out), stdout=subprocess.DEVNULL, stderr=err,
+                                    cwd=ROOT)
+            try:
+                proc.wait(timeout=rng.uniform(0.4, 1.6))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                continue
+        assert proc.returncode == 0, log.read_text()
+        break
+    else:
+        pytest.fail("the job never finished in 40 attempts")
+    assert kills >= 3, "the kills came too late to test anything; lower the wait range"
+    assert_exact(out)
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["after_write_ahead", "after_execute", "sink.after_data", "after_sink", "after_commit"],
+)
+def test_self_kill_at_named_point_then_restart(tmp_path: Path, point: str) -> None:
+    chk, out = tmp_path / "chk", tmp_path / "out"
+    env = {**os.environ, "MICROBATCH_FAULT": f"{point}@2"}
+    first = subprocess.run(command(chk, out), env=env, capture_output=True, timeout=120, cwd=ROOT)
+    assert first.returncode == -signal.SIGKILL
+    env.pop("MICROBATCH_FAULT")
+    second = subprocess.run(command(chk, out), env=env, capture_output=True, timeout=120, cwd=ROOT)
+    assert second.returncode == 0, second.stderr.decode()
+    assert_exact(out)
+    assert (chk / "commits" / str(ROWS // CAP - 1)).exists()
