@@ -32,6 +32,7 @@ from microbatch.exceptions import (
 from microbatch.query import StreamingQuery
 from microbatch.stream import Stream
 from microbatch.triggers import AvailableNow, Once, ProcessingTime
+from microbatch.windows import session_window, window
 from microbatch.writer import DataStreamWriter
 
 __version__ = "0.1.0"
@@ -60,5 +61,7 @@ __all__ = [
     "read_files",
     "read_memory",
     "read_parquet_output",
+    "session_window",
     "table",
+    "window",
 ]

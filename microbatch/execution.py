@@ -32,6 +32,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,10 +43,12 @@ from microbatch.checkpoint import Checkpoint
 from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError
 from microbatch.executor import BatchExecutor, input_frame
 from microbatch.faults import fault_point
+from microbatch.operators.base import OperatorContext
 from microbatch.plan import PlanNode
 from microbatch.progress import ProgressStore
 from microbatch.sources.base import Offset, Source, SourceContext
 from microbatch.triggers import AvailableNow, Once, ProcessingTime, Trigger
+from microbatch.watermark import PARTITION_COLUMN
 from sinks.base import OutputMode, Sink, SinkContext
 
 log = logging.getLogger("microbatch.execution")
@@ -74,6 +77,8 @@ class BatchResult:
     input_rows: dict[str, int]
     output_rows: int
     dead_letter_rows: int
+    late_rows: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 class Timer:
@@ -110,6 +115,8 @@ class MicroBatchExecution:
         checkpoint: Checkpoint,
         trigger: Trigger,
         dead_letter_sink: Sink | None = None,
+        late_sink: Sink | None = None,
+        key_columns: tuple[str, ...] = (),
         retention: int = 100,
         clock: Callable[[], float] = time.time,
         name: str | None = None,
@@ -120,12 +127,18 @@ class MicroBatchExecution:
         self.checkpoint = checkpoint
         self.trigger = trigger
         self.dead_letter_sink = dead_letter_sink
+        self.late_sink = late_sink
+        self.key_columns = key_columns
         self.retention = retention
         self.clock = clock
         self.name = name
         self.sources: dict[str, Source] = {str(i): s for i, s in enumerate(plan.sources())}
-        self.executor = BatchExecutor(plan)
+        self.executor = BatchExecutor(plan, output_mode=output_mode)
+        self.tracker = self.executor.tracker
+        self.watermark_in_force: int | None = None
+        self.input_schemas: dict[str, pl.Schema] = {}
         self.query_id = ""
+        self.run_id = str(uuid.uuid4())
         self.next_batch_id = 0
         self.committed: dict[str, Offset] = {}
         self.pending: PlannedBatch | None = None
@@ -151,18 +164,23 @@ class MicroBatchExecution:
             for sid, source in self.sources.items():
                 source.open(SourceContext(sid, self.checkpoint.source_dir(sid)))
             self.sink.open(self._sink_context())
-            if self.dead_letter_sink is not None:
-                self.dead_letter_sink.open(self._sink_context(mode="append"))
+            for side in (self.dead_letter_sink, self.late_sink):
+                if side is not None:
+                    side.open(self._sink_context(mode="append", keys=()))
             self.recover()
+            self.executor.open(self.checkpoint.root / "state", self.next_batch_id)
         except BaseException:
             self.close()
             raise
 
-    def _sink_context(self, mode: OutputMode | None = None) -> SinkContext:
+    def _sink_context(
+        self, mode: OutputMode | None = None, keys: tuple[str, ...] | None = None
+    ) -> SinkContext:
         return SinkContext(
             query_id=self.query_id,
             output_mode=mode or self.output_mode,
             checkpoint_dir=self.checkpoint.root,
+            key_columns=self.key_columns if keys is None else keys,
             fault_point=fault_point,
         )
 
@@ -173,8 +191,9 @@ class MicroBatchExecution:
                 closer()
             except Exception:
                 log.exception("error while closing")
-        if self.dead_letter_sink is not None:
-            self.dead_letter_sink.close()
+        for side in (self.dead_letter_sink, self.late_sink):
+            if side is not None:
+                side.close()
         self.checkpoint.unlock()
 
     def identity(self) -> dict[str, Any]:
@@ -212,7 +231,10 @@ class MicroBatchExecution:
                 f"{commits.path(last_commit[0])} commits batch {last_commit[0]} but the "
                 f"write-ahead log ends at batch {batch_id}; the offsets log was truncated."
             )
+        if last_commit is not None:
+            self.tracker.restore(last_commit[1].get("watermark"))
         if commits.get(batch_id) is not None:
+            self.watermark_in_force = entry.get("watermark_ms")
             self.committed = {sid: end for sid, (_, end) in ranges.items()}
             self.next_batch_id = batch_id + 1
         else:
@@ -246,26 +268,32 @@ class MicroBatchExecution:
         if batch is None:
             return False
         timer = Timer(batch.durations_ms)
-        if not batch.recovered:
-            with timer.step("write_ahead"):
-                self.write_ahead(batch)
-            fault_point("after_write_ahead", batch.batch_id)
-        with timer.step("read"):
-            inputs, dead_letters = self.read_inputs(batch)
-        fault_point("after_read", batch.batch_id)
-        with timer.step("execute"):
-            output = self.execute(inputs)
-        fault_point("after_execute", batch.batch_id)
-        with timer.step("sink"):
-            self.write_sink(batch, output, dead_letters)
-        fault_point("after_sink", batch.batch_id)
-        with timer.step("commit"):
-            self.commit(batch)
+        try:
+            if not batch.recovered:
+                with timer.step("write_ahead"):
+                    self.write_ahead(batch)
+                fault_point("after_write_ahead", batch.batch_id)
+            with timer.step("read"):
+                inputs, dead_letters = self.read_inputs(batch)
+            fault_point("after_read", batch.batch_id)
+            with timer.step("execute"):
+                output, ctx = self.execute(batch, inputs)
+            fault_point("after_execute", batch.batch_id)
+            with timer.step("sink"):
+                self.write_sink(batch, output, dead_letters, ctx)
+            fault_point("after_sink", batch.batch_id)
+            with timer.step("commit"):
+                self.commit(batch)
+        except BaseException:
+            self.executor.abort()
+            raise
         fault_point("after_commit", batch.batch_id)
         result = BatchResult(
             input_rows={sid: frame.height for sid, frame in inputs.items()},
             output_rows=output.height,
             dead_letter_rows=dead_letters.height,
+            late_rows=sum(f.height for f in ctx.late_rows),
+            state=ctx.metrics,
         )
         self.report(batch, result)
         fault_point("after_report", batch.batch_id)
@@ -274,7 +302,12 @@ class MicroBatchExecution:
     def plan_batch(
         self, *, capped: bool = True, bounds: dict[str, Offset] | None = None
     ) -> PlannedBatch | None:
-        """Step 1: each source's end offset now; ``None`` when no source has new data."""
+        """Step 1: each source's end offset now.
+
+        ``None`` when no source has new data and the watermark did not move
+        past state waiting to be emitted; otherwise the batch (a no-data batch
+        when only the watermark moved).
+        """
         t0 = time.perf_counter()
         with self.cond:
             self.plans_started += 1
@@ -290,7 +323,11 @@ class MicroBatchExecution:
                     end = start
             ranges[sid] = (start, end)
             has_data = has_data or source.compare(end, start) > 0
-        if not has_data:
+        next_watermark = self.tracker.current
+        watermark_moved = next_watermark != self.watermark_in_force
+        if not has_data and not (
+            watermark_moved and self.executor.has_expirable_state(next_watermark)
+        ):
             with self.cond:
                 self.last_idle_plan = plan_no
                 self.cond.notify_all()
@@ -299,6 +336,7 @@ class MicroBatchExecution:
             batch_id=self.next_batch_id,
             ranges=ranges,
             timestamp_ms=int(self.clock() * 1000),
+            watermark_ms=next_watermark,
         )
         batch.durations_ms["plan"] = round((time.perf_counter() - t0) * 1000, 3)
         fault_point("after_plan", batch.batch_id)
@@ -331,11 +369,18 @@ class MicroBatchExecution:
             source = self.sources[sid]
             if source.compare(end, start) > 0:
                 got = source.read(start, end)
-                inputs[sid] = input_frame(source, got.data)
+                frame = input_frame(source, got.data)
+                if frame.width:
+                    self.input_schemas[sid] = frame.schema
+                if got.partitions is not None and self.tracker.specs:
+                    frame = frame.with_columns(got.partitions.alias(PARTITION_COLUMN))
+                inputs[sid] = frame
                 if got.dead_letters.height:
                     dead.append(got.dead_letters)
             else:
-                inputs[sid] = input_frame(source, pl.DataFrame())
+                known = self.input_schemas.get(sid)
+                inputs[sid] = known.to_frame() if known is not None else input_frame(
+                    source, pl.DataFrame())
         dead_letters = (
             pl.concat(dead).with_columns(pl.lit(batch.batch_id, pl.Int64).alias("batch_id"))
             if dead
@@ -343,28 +388,49 @@ class MicroBatchExecution:
         )
         return inputs, dead_letters
 
-    def execute(self, inputs: dict[str, pl.DataFrame]) -> pl.DataFrame:
-        """Step 4: the plan over the whole batch."""
-        return self.executor.execute(inputs)
+    def execute(
+        self, batch: PlannedBatch, inputs: dict[str, pl.DataFrame]
+    ) -> tuple[pl.DataFrame, OperatorContext]:
+        """Step 4: the plan over the whole batch, with the recorded watermark;
+        then the watermark that the next batch will use."""
+        ctx = OperatorContext(
+            batch_id=batch.batch_id,
+            watermark_ms=batch.watermark_ms,
+            timestamp_ms=batch.timestamp_ms,
+        )
+        output = self.executor.execute(inputs, ctx)
+        self.tracker.advance(batch.timestamp_ms)
+        return output, ctx
 
-    def write_sink(self, batch: PlannedBatch, output: pl.DataFrame, dead: pl.DataFrame) -> None:
-        """Step 5: hand the batch to the sink (idempotent on the batch id)."""
+    def write_sink(
+        self, batch: PlannedBatch, output: pl.DataFrame, dead: pl.DataFrame, ctx: OperatorContext
+    ) -> None:
+        """Step 5: hand the batch to the sinks (each idempotent on the batch id)."""
         if dead.height and self.dead_letter_sink is not None:
             self.dead_letter_sink.add_batch(batch.batch_id, dead)
+        if ctx.late_rows and self.late_sink is not None:
+            late = pl.concat(ctx.late_rows, how="diagonal_relaxed").with_columns(
+                pl.lit(batch.batch_id, pl.Int64).alias("batch_id")
+            )
+            self.late_sink.add_batch(batch.batch_id, late)
         self.sink.add_batch(batch.batch_id, output)
 
     def commit(self, batch: PlannedBatch) -> None:
-        """Step 6: ``commits/N``; then sources may forget, old entries are purged."""
+        """Step 6: state version N+1, then ``commits/N`` with the next watermark."""
         assert self.checkpoint.offsets is not None and self.checkpoint.commits is not None
+        self.executor.commit()
+        fault_point("after_state_commit", batch.batch_id)
         self.checkpoint.commits.add(
             batch.batch_id,
             {
                 "batch_id": batch.batch_id,
-                "next_watermark_ms": batch.watermark_ms,
+                "next_watermark_ms": self.tracker.current,
+                "watermark": self.tracker.to_json(),
                 "committed_at_ms": int(self.clock() * 1000),
             },
         )
         self.pending = None
+        self.watermark_in_force = batch.watermark_ms
         self.committed = {sid: end for sid, (_, end) in batch.ranges.items()}
         self.next_batch_id = batch.batch_id + 1
         for sid, (_, end) in batch.ranges.items():
@@ -384,10 +450,14 @@ class MicroBatchExecution:
         )
         previous = self.progress.recent[-1] if self.progress.recent else None
         since_last_s = (
-            (batch.timestamp_ms - previous["timestamp_ms"]) / 1000 if previous else None
+            (batch.timestamp_ms - previous["timestamp_ms"]) / 1000
+            if previous and previous.get("run_id") == self.run_id
+            else None
         )
+        now_ms = int(self.clock() * 1000)
         record: dict[str, Any] = {
             "query_id": self.query_id,
+            "run_id": self.run_id,
             "name": self.name,
             "batch_id": batch.batch_id,
             "timestamp_ms": batch.timestamp_ms,
@@ -398,7 +468,12 @@ class MicroBatchExecution:
             "processed_rows_per_second": round(rows / (total_ms / 1000), 1) if total_ms else None,
             "output_rows": result.output_rows,
             "dead_letter_rows": result.dead_letter_rows,
+            "late_rows": result.late_rows,
             "watermark_ms": batch.watermark_ms,
+            "next_watermark_ms": self.tracker.current,
+            "watermark_lag_ms": (
+                now_ms - batch.watermark_ms if batch.watermark_ms is not None else None
+            ),
             "duration_ms": {**durations, "total": round(total_ms, 3)},
             "falling_behind": bool(interval_s and total_ms / 1000 > interval_s),
             "sources": [
@@ -411,6 +486,7 @@ class MicroBatchExecution:
                 }
                 for sid, (start, end) in batch.ranges.items()
             ],
+            "state": result.state,
             "sink": {"description": self.sink.describe(), "output_rows": result.output_rows},
         }
         self.falling_behind = record["falling_behind"]
@@ -426,6 +502,8 @@ class MicroBatchExecution:
             if self.pending is not None:
                 self.run_batch()
             self.run_batch(capped=False)
+            # the no-data batch that the advanced watermark calls for, no new data
+            self.run_batch(bounds=dict(self.committed))
             self._idle_now()
             return
         if isinstance(trigger, AvailableNow):

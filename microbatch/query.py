@@ -74,6 +74,11 @@ class StreamingQuery:
         return self._exec.query_id
 
     @property
+    def run_id(self) -> str:
+        """Unique to this start of the query."""
+        return self._exec.run_id
+
+    @property
     def checkpoint(self) -> str:
         return str(self._exec.checkpoint.root)
 

@@ -8,10 +8,22 @@ from typing import Any
 
 import polars as pl
 
+from microbatch.aggregates import parse_aggregations
 from microbatch.exceptions import PlanError
-from microbatch.executor import BatchExecutor, input_frame
-from microbatch.plan import PlanNode, SourceNode, Step, StepNode, expr_step, map_batches_step
+from microbatch.operators.base import OperatorContext
+from microbatch.plan import (
+    AggregateNode,
+    PlanNode,
+    SourceNode,
+    Step,
+    StepNode,
+    WatermarkNode,
+    expr_step,
+    map_batches_step,
+)
 from microbatch.sources.base import SourceContext
+from microbatch.watermark import WatermarkSpec
+from microbatch.windows import SessionWindowSpec, WindowSpec
 from microbatch.writer import DataStreamWriter
 from sinks.base import OutputMode, Sink
 
@@ -25,8 +37,9 @@ class Stream:
     expressions and run on whole batches.
     """
 
-    def __init__(self, plan: PlanNode) -> None:
+    def __init__(self, plan: PlanNode, *, late_sink: Sink | None = None) -> None:
         self._plan = plan
+        self._late_sink = late_sink
 
     @property
     def plan(self) -> PlanNode:
@@ -38,8 +51,49 @@ class Stream:
         """True when the plan contains a streaming aggregation."""
         return any(getattr(node, "is_aggregation", False) for node in self._plan.walk())
 
+    @property
+    def late_sink(self) -> Sink | None:
+        """Where rows that arrive after their window closed are written."""
+        return self._late_sink
+
     def _then(self, step: Step) -> Stream:
-        return Stream(StepNode(self._plan, step))
+        return self._with_plan(StepNode(self._plan, step))
+
+    def _with_plan(self, plan: PlanNode) -> Stream:
+        return Stream(plan, late_sink=self._late_sink)
+
+    # ---------------------------------------------------------- event time
+
+    def with_watermark(
+        self, column: str, delay: str | int, *, idle_timeout: str | int | None = None
+    ) -> Stream:
+        """Declare ``column`` as event time, tolerating ``delay`` of disorder.
+
+        Per source partition the candidate watermark is the max event time
+        seen minus ``delay``; the watermark is the minimum over partitions
+        that had rows within ``idle_timeout`` (processing time), and never
+        moves backwards. Batch N uses the value computed after batch N-1.
+        """
+        return self._with_plan(WatermarkNode(self._plan, WatermarkSpec.parse(column, delay, idle_timeout)))
+
+    def group_by(self, *keys: str | WindowSpec | SessionWindowSpec) -> GroupedStream:
+        """Group by an optional ``mb.window``/``mb.session_window`` and key columns."""
+        windows = [k for k in keys if isinstance(k, WindowSpec | SessionWindowSpec)]
+        names = [k for k in keys if isinstance(k, str)]
+        bad = [k for k in keys if not isinstance(k, str | WindowSpec | SessionWindowSpec)]
+        if bad:
+            raise PlanError(
+                f"group_by takes column names and at most one mb.window(...) or "
+                f"mb.session_window(...); got {bad!r}"
+            )
+        if len(windows) > 1:
+            raise PlanError("group_by takes at most one window")
+        return GroupedStream(self, windows[0] if windows else None, tuple(names))
+
+    def on_late(self, sink: Sink) -> Stream:
+        """Write rows that arrive after their window closed to ``sink`` (a side
+        output, idempotent per batch id) with a ``late_reason`` column."""
+        return Stream(self._plan, late_sink=sink)
 
     # ----------------------------------------------------------- stateless
 
@@ -127,8 +181,16 @@ class Stream:
         """Run the plan on the first batch of each source, without a checkpoint.
 
         Returns at most ``n`` result rows. Reads only what one capped batch of
-        each source holds, so it is cheap on large inputs.
+        each source holds, so it is cheap on large inputs. Stateless plans only
+        (a stateful plan needs a query; use ``write_memory``).
         """
+        if self.is_aggregated:
+            raise PlanError(
+                "preview() runs stateless plans; for an aggregation start a query with "
+                "write_memory(name) and read mb.table(name)"
+            )
+        from microbatch.executor import BatchExecutor, input_frame
+
         inputs = {}
         for sid, source in enumerate(self._plan.sources()):
             source.open(SourceContext(str(sid), None))
@@ -139,7 +201,8 @@ class Stream:
                 inputs[str(sid)] = input_frame(source, batch if batch is not None else pl.DataFrame())
             finally:
                 source.close()
-        return BatchExecutor(self._plan).execute(inputs).head(n)
+        ctx = OperatorContext(batch_id=0, watermark_ms=None, timestamp_ms=0)
+        return BatchExecutor(self._plan).execute(inputs, ctx).head(n)
 
     def __repr__(self) -> str:
         return f"Stream(\n{self._plan.explain(1)}\n)"
@@ -148,6 +211,24 @@ class Stream:
         import html
 
         return f"<b>microbatch Stream</b><pre>{html.escape(self._plan.explain())}</pre>"
+
+
+class GroupedStream:
+    """``stream.group_by(...)``: call ``agg(...)`` to get the aggregated stream."""
+
+    def __init__(
+        self, stream: Stream, window: WindowSpec | SessionWindowSpec | None, keys: tuple[str, ...]
+    ) -> None:
+        self._stream = stream
+        self._window = window
+        self._keys = keys
+
+    def agg(self, *aggs: pl.Expr | Sequence[pl.Expr]) -> Stream:
+        """Aggregate incrementally; output columns ``window_start, window_end``
+        (when windowed), the keys, then the aggregates."""
+        specs = tuple(parse_aggregations(aggs))
+        node = AggregateNode(self._stream.plan, self._window, self._keys, specs)
+        return self._stream._with_plan(node)
 
 
 def stream_of(source: Any) -> Stream:

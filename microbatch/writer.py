@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from microbatch.checkpoint import Checkpoint
 from microbatch.exceptions import PlanError
 from microbatch.execution import MicroBatchExecution
+from microbatch.plan import AggregateNode, PlanNode, WatermarkNode
 from microbatch.query import StreamingQuery
 from microbatch.triggers import Trigger, parse_trigger
 from sinks.base import OutputMode, Sink
@@ -48,6 +49,7 @@ class DataStreamWriter:
                 "without one the complete result would be every row ever seen. "
                 "Use 'append' for a stateless stream."
             )
+        validate_aggregations(self.stream.plan, self.output_mode)
 
     def dead_letters_to(self, sink: Sink) -> DataStreamWriter:
         """Send malformed input records to ``sink`` instead of ``chk/dead_letter``."""
@@ -82,6 +84,8 @@ class DataStreamWriter:
             checkpoint=chk,
             trigger=parse_trigger(trigger),
             dead_letter_sink=self.dead_letter or _default_dead_letter_sink(chk),
+            late_sink=self.stream.late_sink,
+            key_columns=tuple(output_keys(self.stream.plan)),
             retention=retention,
             name=name,
         )
@@ -89,6 +93,38 @@ class DataStreamWriter:
 
     def describe(self) -> dict[str, Any]:
         return {"sink": self.sink.describe(), "output_mode": self.output_mode}
+
+
+def output_keys(plan: PlanNode) -> list[str]:
+    """Columns identifying a result row: the outermost aggregation's keys."""
+    for node in plan.walk():
+        if isinstance(node, AggregateNode):
+            return node.output_keys()
+    return []
+
+
+def validate_aggregations(plan: PlanNode, mode: OutputMode) -> None:
+    """Refuse aggregations that cannot run in ``mode`` (Spark's rules), when built."""
+    for node in plan.walk():
+        if not isinstance(node, AggregateNode):
+            continue
+        marks = [n.spec for n in node.child.walk() if isinstance(n, WatermarkNode)]
+        if node.window is None:
+            if mode == "append":
+                raise PlanError(
+                    "output_mode='append' cannot emit a group_by without a window: a key's "
+                    "result is never final. Use output_mode='update' or 'complete', or group "
+                    "by mb.window(...) with a watermark."
+                )
+            continue
+        column = node.window.column
+        if not any(m.column == column for m in marks) and mode != "update":
+            raise PlanError(
+                f"output_mode={mode!r} with a window on {column!r} needs "
+                f".with_watermark({column!r}, delay) before group_by: without a watermark "
+                "windows never close, so state grows forever. Add a watermark, or use "
+                "output_mode='update'."
+            )
 
 
 def _default_dead_letter_sink(chk: Checkpoint) -> Sink:

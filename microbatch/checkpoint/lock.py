@@ -18,6 +18,9 @@ from typing import Any
 
 from microbatch.exceptions import CheckpointLockedError
 
+LOCK_RETRIES = 5
+LOCK_RETRY_S = 0.02
+
 
 def read_lock_owner(path: Path) -> dict[str, Any] | None:
     """What the lock file says about its last holder (may be stale)."""
@@ -53,9 +56,16 @@ class CheckpointLock:
     def acquire(self) -> None:
         """Take the lock or raise :class:`CheckpointLockedError` naming the holder."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        # NOTE: `is_locked` (microbatch status) probes by taking the lock for a
+        # moment; retry briefly so that a probe is never mistaken for a holder.
+        for attempt in range(LOCK_RETRIES + 1):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt < LOCK_RETRIES:
+                    time.sleep(LOCK_RETRY_S)
+        else:
             os.close(fd)
             owner = read_lock_owner(self.path) or {}
             raise CheckpointLockedError(

@@ -1,0 +1,686 @@
+"""The ``microbatch`` command line: ``run``, ``status`` and ``demo``.
+
+Exit codes:
+
+- ``0``: the query ended (its trigger finished, or a first SIGINT/SIGTERM
+  stopped it after the batch in flight was committed);
+- ``1``: the query failed while running a batch (the message names the cause;
+  the batch was not committed and is retried on the next start);
+- ``2``: the command could not start: a wrong option, a job file problem, a
+  checkpoint that is locked, corrupt or unwritable, or a bad trigger;
+- ``130``: a second signal ended the process at once (the batch in flight is
+  recovered from its write-ahead entry on the next start).
+
+User mistakes are reported as one red paragraph on stderr, never a Python
+traceback (``--verbose`` adds the traceback of a failed query).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from microbatch.exceptions import MicrobatchError, QueryTerminatedError
+from microbatch.query import StreamingQuery
+from microbatch.triggers import Trigger, parse_trigger
+from microbatch.writer import DataStreamWriter
+
+app = typer.Typer(
+    name="microbatch",
+    help="Micro-batch stream processing on Arrow and Polars.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+POLL_S = 0.2
+"""How often the CLI looks at the query's progress while it runs."""
+
+STEPS = ("plan", "write_ahead", "read", "execute", "sink", "commit")
+"""Lifecycle steps shown with their durations, in order."""
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed as one paragraph, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    err.print(f"[bold red]error:[/] [red]{escape(message)}[/]", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from sinks.exceptions import SinkError
+
+    return (MicrobatchError, SinkError, CliError)
+
+
+# ------------------------------------------------------------------ globals
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from microbatch import __version__
+
+        out.print(f"microbatch {__version__}")
+        raise typer.Exit(0)
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+    if verbose == 0:
+        # The query thread logs a failure with its traceback; the CLI reports
+        # the failure itself in one paragraph, and shows the traceback with -v.
+        logging.getLogger("microbatch.query").setLevel(logging.CRITICAL)
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True,
+                     help="Print the version and exit."),
+    ] = False,
+    verbose: Annotated[
+        int,
+        typer.Option("--verbose", "-v", count=True,
+                     help="More logging: -v info, -vv debug (and tracebacks of failed queries)."),
+    ] = 0,
+) -> None:
+    """Micro-batch stream processing on Arrow and Polars."""
+    _setup_logging(verbose)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def parse_params(items: list[str]) -> dict[str, str]:
+    """``["k=v", ...]`` as a dict; a later value for the same key wins."""
+    params: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(
+                f"--param {item!r} is not of the form KEY=VALUE (e.g. --param output=out/dir)"
+            )
+        params[key.strip()] = value
+    return params
+
+
+def _latest_progress_id(checkpoint: Path) -> int:
+    """The highest batch id with a progress record on disk, or -1."""
+    try:
+        names = os.listdir(checkpoint / "progress")
+    except OSError:
+        return -1
+    return max((int(n) for n in names if n.isdigit()), default=-1)
+
+
+def _fmt_int(value: Any) -> str:
+    return f"{int(value):,}" if isinstance(value, int | float) else "-"
+
+
+def _rate(record: dict[str, Any]) -> float | None:
+    rate = record.get("input_rows_per_second")
+    return rate if rate is not None else record.get("processed_rows_per_second")
+
+
+def _fmt_ms_time(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class RunStats:
+    """Totals of the batches this process ran."""
+
+    batches: int = 0
+    input_rows: int = 0
+    output_rows: int = 0
+    last: dict[str, Any] | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.batches += 1
+        self.input_rows += int(record.get("input_rows") or 0)
+        self.output_rows += int(record.get("output_rows") or 0)
+        self.last = record
+
+
+class StopOnSignal:
+    """First SIGINT/SIGTERM: graceful stop; second: ``os._exit(130)`` at once.
+
+    The handler only sets flags and calls ``request_stop`` (which just sets
+    events), so it is safe whatever the main thread is doing.
+    """
+
+    def __init__(self) -> None:
+        self.query: StreamingQuery | None = None
+        self.reason: str | None = None
+        """Why a stop was requested (``"SIGTERM"``, ``"20s elapsed"``), or ``None``."""
+        self.announced = False
+        self._signals = 0
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignal:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def attach(self, query: StreamingQuery) -> None:
+        """Follow ``query``; stop it at once if a signal came while it was starting."""
+        self.query = query
+        if self.reason is not None:
+            query.request_stop()
+
+    def request(self, reason: str) -> None:
+        """Ask for a graceful stop for ``reason`` (e.g. the demo's time is up)."""
+        if self.reason is None:
+            self.reason = reason
+            if self.query is not None:
+                self.query.request_stop()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            if out.is_terminal:
+                os.write(1, b"\x1b[?25h")  # the live display hid the cursor
+            os.write(2, b"\nsecond signal: exiting now; the batch in flight will be "
+                        b"recovered on the next start\n")
+            os._exit(130)
+        self.reason = signal.Signals(signum).name
+        if self.query is not None:
+            self.query.request_stop()
+
+
+# ------------------------------------------------------------------ display
+
+
+class BatchLines:
+    """Not a terminal: one plain line per batch on stderr, no colours, no redraws."""
+
+    def __enter__(self) -> BatchLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def batch(self, record: dict[str, Any], stats: RunStats) -> None:
+        durations = record.get("duration_ms", {})
+        steps = " ".join(f"{s}={durations[s]:.0f}" for s in STEPS if s in durations)
+        rate = _rate(record)
+        line = (
+            f"{_fmt_ms_time(record.get('timestamp_ms'))} batch {record['batch_id']}: "
+            f"{record.get('input_rows', 0)} rows in, {record.get('output_rows', 0)} rows out, "
+            f"{'-' if rate is None else f'{rate:.0f}'} rows/s, "
+            f"{durations.get('total', 0):.0f} ms ({steps})"
+            f"{' [recovered]' if record.get('recovered') else ''}"
+            f"{' [falling behind]' if record.get('falling_behind') else ''}"
+        )
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def refresh(self, stats: RunStats, query: StreamingQuery) -> None:
+        return None
+
+    def note(self, message: str) -> None:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+
+class LiveLine:
+    """A terminal: one status line redrawn from the newest progress record."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.live = Live(console=out, refresh_per_second=4, transient=False)
+
+    def __enter__(self) -> LiveLine:
+        self.live.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.live.__exit__(exc_type, exc, tb)
+
+    def batch(self, record: dict[str, Any], stats: RunStats) -> None:
+        return None
+
+    def refresh(self, stats: RunStats, query: StreamingQuery) -> None:
+        self.live.update(self.render(stats, query))
+
+    def note(self, message: str) -> None:
+        self.live.console.print(f"[yellow]{escape(message)}[/]", soft_wrap=True)
+
+    def render(self, stats: RunStats, query: StreamingQuery) -> Any:
+        last = stats.last
+        text = Text()
+        text.append(f"{self.title} ", style="bold")
+        text.append(query.status["message"], style="green" if query.is_active else "dim")
+        if last is None:
+            text.append("  waiting for the first batch…", style="dim")
+            return text
+        rate = _rate(last)
+        text.append(f"  batch {last['batch_id']}", style="bold cyan")
+        text.append(f" │ {_fmt_int(rate)} rows/s │ in {_fmt_int(last.get('input_rows'))}"
+                    f" │ out {_fmt_int(last.get('output_rows'))} │ {stats.batches} batches")
+        if last.get("falling_behind"):
+            text.append(" │ falling behind", style="bold red")
+        return text
+
+
+class DemoTable(LiveLine):
+    """The demo's terminal view: totals, then the last batches with per-step times."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__("demo")
+        self.seconds = seconds
+        self.records: list[dict[str, Any]] = []
+
+    def batch(self, record: dict[str, Any], stats: RunStats) -> None:
+        self.records = [*self.records[-7:], record]
+
+    def render(self, stats: RunStats, query: StreamingQuery) -> Any:
+        elapsed = time.monotonic() - stats.started
+        limit = f"/{self.seconds:g}s" if self.seconds > 0 else " (Ctrl-C stops)"
+        rate = _rate(stats.last) if stats.last else None
+        head = Text.assemble(
+            ("demo ", "bold"), (query.status["message"], "green" if query.is_active else "dim"),
+            f"  {elapsed:.0f}s{limit} · {stats.batches} batches · "
+            f"{_fmt_int(stats.input_rows)} in · {_fmt_int(stats.output_rows)} out · "
+            f"{_fmt_int(rate)} rows/s",
+        )
+        table = Table(box=box.SIMPLE_HEAD, header_style="bold", padding=(0, 1), pad_edge=False,
+                      collapse_padding=True, show_edge=False, caption="step times in ms",
+                      caption_justify="left")
+        for title in ("batch", "in", "out", "rows/s", *_STEP_TITLES, "total"):
+            table.add_column(title, justify="right", no_wrap=True)
+        for rec in self.records:
+            durations = rec.get("duration_ms", {})
+            table.add_row(
+                str(rec["batch_id"]), _fmt_int(rec.get("input_rows")),
+                _fmt_int(rec.get("output_rows")), _fmt_int(_rate(rec)),
+                *(f"{durations[s]:.1f}" if s in durations else "-" for s in STEPS),
+                f"{durations.get('total', 0):.1f}",
+            )
+        return Group(head, table)
+
+
+_STEP_TITLES = ("plan", "wal", "read", "exec", "sink", "commit")
+"""Short column titles of :data:`STEPS` (``wal``: the write-ahead of offsets/N)."""
+
+
+# ------------------------------------------------------------------ running
+
+
+def _run_query(
+    writer: DataStreamWriter,
+    *,
+    checkpoint: Path,
+    trigger: Trigger,
+    name: str | None,
+    stopper: StopOnSignal,
+    display: BatchLines | LiveLine,
+    seconds: float = 0,
+) -> tuple[StreamingQuery, RunStats, QueryTerminatedError | None]:
+    """Start ``writer`` and follow it until it ends.
+
+    Raises what ``start`` raises (a locked, corrupt or unwritable checkpoint,
+    a source or sink that cannot open); returns the error of a query that
+    failed while running instead of raising it, with the query and its totals.
+    """
+    baseline = _latest_progress_id(checkpoint)
+    query = writer.start(checkpoint, trigger, name=name)
+    stopper.attach(query)
+    stats = RunStats()
+    seen = baseline
+    error: QueryTerminatedError | None = None
+    with display:
+        while True:
+            try:
+                done = query.await_termination(timeout=POLL_S)
+            except QueryTerminatedError as exc:
+                error, done = exc, True
+            for record in query.recent_progress:
+                if record["batch_id"] > seen:
+                    seen = record["batch_id"]
+                    stats.add(record)
+                    display.batch(record, stats)
+            if seconds > 0 and time.monotonic() - stats.started >= seconds:
+                stopper.request(f"{seconds:g}s elapsed")
+            if stopper.reason is not None and not stopper.announced:
+                stopper.announced = True
+                display.note(
+                    f"{stopper.reason}: finishing the batch in flight, then stopping "
+                    "(a second SIGINT/SIGTERM exits at once)"
+                )
+            display.refresh(stats, query)
+            if done:
+                break
+    return query, stats, error
+
+
+def _query_failed(query: StreamingQuery, exc: QueryTerminatedError, job: Path) -> typer.Exit:
+    """Exit 1 with the cause of a query that failed while running a batch."""
+    from microbatch.jobfile import job_line
+
+    cause = exc.__cause__ or exc
+    message = (
+        f"query {query.id} failed in batch {query.status['next_batch_id']}: "
+        f"{type(cause).__name__}{job_line(cause, job.resolve())}: {cause}. The batch was not "
+        "committed; the next start on this checkpoint runs it again."
+    )
+    if logging.getLogger("microbatch.query").getEffectiveLevel() > logging.ERROR:
+        message += " Run with --verbose for the traceback."
+    return _fail(message, 1)
+
+
+def _finish(query: StreamingQuery, stats: RunStats, stopper: StopOnSignal) -> None:
+    why = f" ({stopper.reason})" if stopper.reason else ""
+    committed = query.status["next_batch_id"] - 1
+    err.print(
+        f"query {query.id} stopped{why}: {stats.batches} batches, "
+        f"{stats.input_rows:,} rows in, {stats.output_rows:,} rows out in this run; "
+        f"last committed batch: {committed if committed >= 0 else 'none'}.",
+        soft_wrap=True,
+    )
+
+
+@app.command()
+def run(
+    job: Annotated[Path, typer.Argument(help="The job file: a .py defining build(params).",
+                                        metavar="JOB.py", show_default=False)],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help=(
+        "Checkpoint directory: makes the query restartable exactly where it stopped."),
+        metavar="DIR", show_default=False)],
+    trigger: Annotated[str, typer.Option(metavar="TRIGGER", help=(
+        "'10s'/'1m' (interval), 'once' or 'available-now'; 0s: batches back to back."
+    ))] = "0s",
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", "-p", metavar="KEY=VALUE",
+        help="A parameter passed to build(params); repeatable.")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME",
+                                                help="A name for the query (logs, progress).")]
+    = None,
+) -> None:
+    """Run a job file until its trigger ends or SIGINT/SIGTERM stops it."""
+    from microbatch.jobfile import build_writer
+
+    try:
+        with StopOnSignal() as stopper:
+            params = parse_params(param or [])
+            spec = parse_trigger(trigger)
+            writer = build_writer(job, params)
+            display = LiveLine("microbatch") if out.is_terminal else BatchLines()
+            query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
+                                             name=name, stopper=stopper, display=display)
+    except _user_errors() as exc:
+        raise _fail(str(exc), getattr(exc, "code", 2)) from None
+    except OSError as exc:
+        raise _fail(f"cannot start the query: {exc}", 2) from None
+    if error is not None:
+        raise _query_failed(query, error, job)
+    _finish(query, stats, stopper)
+
+
+# ------------------------------------------------------------------ status
+
+
+def status_document(checkpoint: Path, *, last: int = 10) -> dict[str, Any]:
+    """Everything ``microbatch status`` shows, as one JSON-serializable dict."""
+    from microbatch.checkpoint import Checkpoint, read_lock_owner
+    from microbatch.progress import load_progress
+
+    root = checkpoint.expanduser()
+    if not root.exists():
+        raise CliError(f"checkpoint directory {root} does not exist")
+    if not root.is_dir():
+        raise CliError(f"{root} is not a directory; pass a checkpoint directory")
+    chk = Checkpoint(root)
+    if not chk.exists():
+        raise CliError(
+            f"{chk.root} is not a microbatch checkpoint (it has no metadata file); pass the "
+            "directory that was given to --checkpoint"
+        )
+    meta = chk.read_metadata()
+    try:
+        running: bool | None = chk.is_running()
+    except OSError:
+        running = None  # e.g. a read-only copy of a checkpoint: cannot probe the lock
+    owner = read_lock_owner(chk.root / "lock") if running else None
+    assert chk.offsets is not None
+    assert chk.commits is not None
+    planned = chk.offsets.latest()
+    committed = chk.commits.latest()
+    pending = planned is not None and (committed is None or committed[0] < planned[0])
+    records = load_progress(chk.progress_dir, limit=max(last, 1))
+    descriptions = {s["id"]: s.get("description") for s in (records[-1]["sources"]
+                                                           if records else [])}
+    sources = [
+        {"id": sid, "start_offset": r.get("start"), "end_offset": r.get("end"),
+         "description": descriptions.get(sid)}
+        for sid, r in (planned[1]["sources"].items() if planned else [])
+    ]
+    if committed is not None and not pending:
+        watermark_ms = committed[1].get("next_watermark_ms")
+    else:
+        watermark_ms = planned[1].get("watermark_ms") if planned else None
+    batches = [
+        {
+            "batch_id": r["batch_id"],
+            "time": _fmt_ms_time(r.get("timestamp_ms")),
+            "input_rows": r.get("input_rows"),
+            "output_rows": r.get("output_rows"),
+            "input_rows_per_second": r.get("input_rows_per_second"),
+            "processed_rows_per_second": r.get("processed_rows_per_second"),
+            "duration_ms": (r.get("duration_ms") or {}).get("total"),
+            "recovered": r.get("recovered", False),
+        }
+        for r in records
+    ]
+    return {
+        "checkpoint": str(chk.root),
+        "query_id": meta.get("query_id"),
+        "created_at": meta.get("created_at"),
+        "state": {True: "running", False: "stopped", None: "unknown"}[running],
+        "running": running,
+        "lock_owner": owner,
+        "last_planned_batch": planned[0] if planned else None,
+        "last_committed_batch": committed[0] if committed else None,
+        "pending_recovery": pending,
+        "sources": sources,
+        "watermark_ms": watermark_ms,
+        "watermark": _fmt_ms_time(watermark_ms),
+        "recent_batches": batches,
+        **_averages(records),
+    }
+
+
+def _averages(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Input rate over the wall-clock span of ``records``; processing rate over their time."""
+    busy_s = sum((r.get("duration_ms") or {}).get("total", 0) for r in records) / 1000
+    rows = sum(int(r.get("input_rows") or 0) for r in records)
+    span_s = (records[-1]["timestamp_ms"] - records[0]["timestamp_ms"]) / 1000 if records else 0
+    arrived = rows - int(records[0].get("input_rows") or 0) if records else 0
+    return {
+        "avg_input_rows_per_second": round(arrived / span_s, 1) if span_s > 0 else None,
+        "avg_processed_rows_per_second": round(rows / busy_s, 1) if busy_s > 0 else None,
+    }
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    if doc["running"]:
+        owner = doc["lock_owner"] or {}
+        state = (f"[green]running[/] (pid {owner.get('pid', '?')} on {owner.get('host', '?')}, "
+                 f"since {owner.get('started_at', '?')})")
+    else:
+        state = "[dim]stopped[/]" if doc["running"] is False else "[yellow]unknown[/]"
+    pending = doc["pending_recovery"]
+    rows = [
+        ("checkpoint", escape(doc["checkpoint"])),
+        ("query id", doc["query_id"]),
+        ("created at", doc["created_at"]),
+        ("state", state),
+        ("last planned batch", _or_none(doc["last_planned_batch"])),
+        ("last committed batch", _or_none(doc["last_committed_batch"])),
+        ("pending recovery", f"[yellow]yes: batch {doc['last_planned_batch']} is re-run on the "
+                             "next start[/]" if pending else "no"),
+        ("watermark", doc["watermark"] or "none"),
+        ("avg input rows/s", _fmt_int(doc["avg_input_rows_per_second"])),
+        ("avg processed rows/s", _fmt_int(doc["avg_processed_rows_per_second"])),
+    ]
+    for key, value in rows:
+        summary.add_row(key, str(value))
+    out.print(summary)
+    if doc["sources"]:
+        table = Table(title=f"sources of batch {doc['last_planned_batch']}", title_justify="left",
+                      box=box.SIMPLE_HEAD)
+        for col in ("id", "source", "start offset", "end offset"):
+            table.add_column(col, overflow="fold")
+        for s in doc["sources"]:
+            desc = s["description"] or {}
+            table.add_row(
+                s["id"], escape(str(desc.get("kind", desc) if desc else "-")),
+                escape(json.dumps(s["start_offset"], separators=(",", ":"))),
+                escape(json.dumps(s["end_offset"], separators=(",", ":"))),
+            )
+        out.print(table)
+    if doc["recent_batches"]:
+        table = Table(title="recent batches", title_justify="left", box=box.SIMPLE_HEAD)
+        for col in ("batch", "time UTC", "rows in", "rows out", "rows/s in", "rows/s done", "ms"):
+            table.add_column(col, justify="right", no_wrap=True)
+        for b in doc["recent_batches"]:
+            table.add_row(
+                f"{b['batch_id']}{' (recovered)' if b['recovered'] else ''}",
+                (b["time"] or "-")[11:23],
+                _fmt_int(b["input_rows"]), _fmt_int(b["output_rows"]),
+                _fmt_int(b["input_rows_per_second"]), _fmt_int(b["processed_rows_per_second"]),
+                "-" if b["duration_ms"] is None else f"{b['duration_ms']:.1f}",
+            )
+        out.print(table)
+
+
+def _or_none(value: int | None) -> str:
+    return "none" if value is None else str(value)
+
+
+@app.command()
+def status(
+    checkpoint: Annotated[Path, typer.Argument(help="The query's checkpoint directory.",
+                                               metavar="CHECKPOINT", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    last: Annotated[
+        int, typer.Option(min=1, metavar="N", help="How many recent batches to show.")
+    ] = 10,
+) -> None:
+    """Show where a query is (running or stopped) from its checkpoint."""
+    try:
+        doc = status_document(checkpoint, last=last)
+    except _user_errors() as exc:
+        raise _fail(str(exc), 2) from None
+    except OSError as exc:
+        raise _fail(f"cannot read checkpoint {checkpoint}: {exc}", 2) from None
+    if as_json:
+        sys.stdout.write(json.dumps(doc, default=str) + "\n")
+    else:
+        _print_status(doc)
+
+
+# ------------------------------------------------------------------ demo
+
+
+@app.command()
+def demo(
+    checkpoint: Annotated[
+        Path, typer.Option(metavar="DIR", help="Checkpoint directory.")
+    ] = Path("demo-output/checkpoint"),
+    output: Annotated[
+        Path, typer.Option(metavar="DIR", help="Where the Parquet output goes.")
+    ] = Path("demo-output/transactions"),
+    rows_per_second: Annotated[float, typer.Option(min=1, metavar="N",
+                                                  help="Generated rows per second.")]
+    = 20_000,
+    seconds: Annotated[float, typer.Option(min=0, metavar="N",
+                                           help="Stop after N seconds; 0: on Ctrl-C.")]
+    = 20,
+    trigger: Annotated[str, typer.Option(metavar="TRIGGER", help="Batch interval.")] = "1s",
+) -> None:
+    """Run the built-in demo: generated card transactions -> Parquet, no services needed."""
+    from microbatch import demo as demo_job
+
+    try:
+        with StopOnSignal() as stopper:
+            spec = parse_trigger(trigger)
+            writer = demo_job.build(
+                {"output": str(output), "rows_per_second": f"{rows_per_second:g}"}
+            )
+            display = DemoTable(seconds) if out.is_terminal else BatchLines()
+            query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
+                                             name="demo", stopper=stopper, display=display,
+                                             seconds=seconds)
+    except _user_errors() as exc:
+        raise _fail(str(exc), getattr(exc, "code", 2)) from None
+    except OSError as exc:
+        raise _fail(f"cannot start the demo: {exc}", 2) from None
+    if error is not None:
+        raise _query_failed(query, error, Path(demo_job.__file__))
+    out_dir, chk_dir = output.expanduser().resolve(), Path(query.checkpoint)
+    out.print(
+        f"\n[bold green]demo finished[/]: {stats.batches} batches, {stats.input_rows:,} rows "
+        f"generated, {stats.output_rows:,} rows written in this run.\n"
+        f"  output:     {escape(str(out_dir))}\n"
+        f"  checkpoint: {escape(str(chk_dir))}  (run the demo again to continue from it; "
+        f"`microbatch status {escape(str(chk_dir))}` shows its batches)\n"
+        "read the output with:\n"
+        f"  [cyan]import microbatch as mb; df = mb.read_parquet_output({str(out_dir)!r})[/]",
+        soft_wrap=True,
+    )
+
+
+def main() -> None:
+    """Entry point of the ``microbatch`` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""Grouped aggregation, over tumbling/hopping event-time windows or plain keys.
+
+Per batch, vectorized:
+
+1. event time -> epoch ms; windows assigned (one row per window of a row);
+2. rows whose windows are all closed by the watermark in force are late:
+   counted and sent to the late output, never silently dropped;
+3. one ``group_by`` computes the batch's partial aggregates per (window, keys);
+4. the state's partials for exactly those (window, keys) are looked up and
+   merged pairwise, then upserted;
+5. emit by output mode: ``append`` pops the windows that the watermark
+   closed (``window_end <= watermark``); ``update`` emits the rows merged in
+   this batch and evicts closed windows; ``complete`` emits the whole state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from microbatch.aggregates import TIME, AggSpec
+from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.exceptions import PlanError
+from microbatch.operators.base import (
+    LATE_REASON,
+    OperatorContext,
+    StatefulOperator,
+    check_signature,
+)
+from microbatch.watermark import event_time_ms
+from microbatch.windows import WindowSpec, assign_windows
+from sinks.base import OutputMode
+
+if TYPE_CHECKING:
+    from statestore import StateStore, StateStoreProvider
+
+WS = "__ws"
+
+
+class WindowAggregate(StatefulOperator):
+    """``group_by([window], *keys).agg(...)`` with state in a versioned store."""
+
+    is_aggregation = True
+
+    def __init__(
+        self,
+        *,
+        operator_id: str,
+        window: WindowSpec | None,
+        keys: list[str],
+        aggs: list[AggSpec],
+        output_mode: OutputMode,
+    ) -> None:
+        self.operator_id = operator_id
+        self.window = window
+        self.keys = keys
+        self.aggs = aggs
+        self.output_mode = output_mode
+        self.state_dir: Path | None = None
+        self.provider: StateStoreProvider | None = None
+        self.store: StateStore | None = None
+        self.out_time_dtype: pl.DataType | None = None
+        self.key_schema: dict[str, pl.DataType] | None = None
+        self.row_schema = pl.Schema()
+
+    def signature(self) -> dict[str, Any]:
+        return {
+            "kind": "window_aggregate",
+            "window": self.window.describe() if self.window else None,
+            "keys": self.keys,
+            "state": [a.state_name for a in self.aggs],
+        }
+
+    # ----------------------------------------------------------- state
+
+    def open(self, state_dir: Path | None, batch_id: int) -> None:
+        self.state_dir = state_dir
+        if state_dir is not None:
+            check_signature(state_dir, self.signature())
+            schema_path = state_dir / "schema.arrow"
+            if schema_path.exists():
+                self._make_provider(_read_schema(schema_path))
+
+    def _state_schema(self, df: pl.DataFrame) -> dict[str, Any]:
+        missing = [k for k in self.keys if k not in df.columns]
+        if missing:
+            raise PlanError(
+                f"group_by key(s) {missing} are not columns of the stream; it has {df.columns}"
+            )
+        keys: dict[str, pl.DataType] = {}
+        if self.window is not None:
+            keys[WS] = pl.Int64
+        keys.update({k: df.schema[k] for k in self.keys})
+        values: dict[str, pl.DataType] = {}
+        for agg in self.aggs:
+            if agg.column is not None and agg.column not in df.columns:
+                raise PlanError(
+                    f"aggregation {agg.kind}({agg.column!r}) names a column the stream "
+                    f"does not have; it has {df.columns}"
+                )
+            values.update(agg.partial_dtypes(df.schema))
+        out_dtype = df.schema[self.window.column] if self.window else None
+        return {"keys": keys, "values": values, "out_time": out_dtype}
+
+    def _make_provider(self, schema: dict[str, Any]) -> None:
+        self.key_schema = schema["keys"]
+        self.out_time_dtype = schema["out_time"]
+        self.row_schema = pl.Schema({**schema["keys"], **schema["values"]})
+        if self.state_dir is None:
+            raise AssertionError("stateful operators need a checkpoint directory")
+        from statestore import StateStoreProvider
+
+        self.provider = StateStoreProvider(
+            self.state_dir,
+            key_schema=schema["keys"],
+            value_schema=schema["values"],
+            time_column=WS if self.window is not None else None,
+        )
+
+    def _load(self, df: pl.DataFrame, batch_id: int) -> StateStore | None:
+        if self.provider is None:
+            if df.width == 0:
+                return None
+            schema = self._state_schema(df)
+            assert self.state_dir is not None
+            _write_schema(self.state_dir / "schema.arrow", schema)
+            self._make_provider(schema)
+        assert self.provider is not None
+        self.store = self.provider.load(batch_id)
+        return self.store
+
+    def commit(self) -> None:
+        if self.store is not None:
+            self.store.commit()
+
+    def abort(self) -> None:
+        if self.store is not None:
+            self.store.abort()
+            self.store = None
+
+    def has_expirable_state(self, watermark_ms: int | None) -> bool:
+        return self.window is not None and self.output_mode != "complete"
+
+    def metrics(self) -> dict[str, Any]:
+        return dict(self.store.metrics) if self.store is not None else {}
+
+    # ------------------------------------------------------------ batch
+
+    def process(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
+        store = self._load(df, ctx.batch_id)
+        if store is None:
+            ctx.metrics[self.operator_id] = {}
+            return pl.DataFrame()
+        wm = ctx.watermark_ms
+        late_count = 0
+        merged = None
+        if df.width:  # a no-data batch of a source without a declared schema has no columns
+            lf = df.lazy()
+            if self.window is not None:
+                lf, late = self._split_late(df, wm)
+                late_count = late.height
+                if late_count:
+                    ctx.late_rows.append(late)
+            partials = (
+                lf.group_by(self._state_keys(), maintain_order=True)
+                .agg([e for a in self.aggs for e in a.partials()])
+                .collect()
+            )
+            merged = self._merge(store, partials)
+            store.upsert(merged)
+        emitted = self._emit(store, merged, wm)
+        ctx.metrics[self.operator_id] = {**store.metrics, "late_rows": late_count,
+                                         "updated_keys": 0 if merged is None else merged.height}
+        return emitted
+
+    def _state_keys(self) -> list[str]:
+        return ([WS] if self.window is not None else []) + self.keys
+
+    def _split_late(self, df: pl.DataFrame, wm: int | None) -> tuple[pl.LazyFrame, pl.DataFrame]:
+        """Window assignments still open, and the rows with at least one closed window.
+
+        A row is late when its oldest window is closed (for tumbling windows:
+        its only window). Late rows go to the late output; a hopping row whose
+        newer windows are still open also counts in those (Spark's rule: a
+        closed window's assignment is dropped, an open one is kept).
+        """
+        assert self.window is not None
+        spec = self.window
+        with_t = df.lazy().with_columns(event_time_ms(spec.column, df.schema).alias(TIME))
+        newest_start = (pl.col(TIME) // spec.slide_ms) * spec.slide_ms
+        oldest_end = newest_start + spec.slide_ms
+        late_expr = pl.col(TIME).is_null()
+        reason = pl.when(pl.col(TIME).is_null()).then(
+            pl.lit(f"event time {spec.column!r} is null")
+        )
+        if wm is not None:
+            late_expr = late_expr | (oldest_end <= wm)
+            reason = reason.otherwise(
+                pl.format("window ending {} closed by watermark {}", oldest_end, pl.lit(wm))
+            )
+        marked = with_t.with_columns(late_expr.alias("__late")).collect()
+        late = (
+            marked.filter("__late")
+            .with_columns(reason.alias(LATE_REASON))
+            .drop(TIME, "__late")
+        )
+        live = assign_windows(
+            marked.lazy().filter(pl.col(TIME).is_not_null()).drop("__late"), spec, TIME
+        )
+        if wm is not None:
+            live = live.filter(pl.col(WS) + spec.size_ms > wm)
+        return live, late
+
+    def _merge(self, store: StateStore, partials: pl.DataFrame) -> pl.DataFrame:
+        """Batch partials merged with the stored partials of the same keys."""
+        keys = self._state_keys()
+        found = store.lookup(partials.select(keys))
+        pcols = [n for a in self.aggs for n in a.partial_names()]
+        state = found.select(pl.col("__found"), *[pl.col(n).alias(f"{n}__s") for n in pcols])
+        both = pl.concat([partials, state], how="horizontal")
+        hit = pl.col("__found")
+        exprs: list[pl.Expr] = []
+        for agg in self.aggs:
+            names = agg.partial_names()
+            s = {n: pl.col(f"{n}__s") for n in names}
+            b = {n: pl.col(n) for n in names}
+            if agg.kind in {"len", "count", "sum", "mean"}:
+                exprs += [pl.when(hit).then(s[n] + b[n]).otherwise(b[n]).alias(n) for n in names]
+            elif agg.kind == "min":
+                exprs.append(pl.min_horizontal(s[names[0]], b[names[0]]).alias(names[0]))
+            elif agg.kind == "max":
+                exprs.append(pl.max_horizontal(s[names[0]], b[names[0]]).alias(names[0]))
+            else:
+                t, v = names
+                take_batch = ~hit | (
+                    (b[t] < s[t]) if agg.kind == "first" else (b[t] >= s[t])
+                )
+                exprs += [pl.when(take_batch).then(b[t]).otherwise(s[t]).alias(t),
+                          pl.when(take_batch).then(b[v]).otherwise(s[v]).alias(v)]
+        return both.select(*keys, *exprs)
+
+    def _emit(self, store: StateStore, merged: pl.DataFrame | None, wm: int | None) -> pl.DataFrame:
+        if self.output_mode == "complete":
+            return self._finalize(store.to_frame())
+        closed = None
+        if self.window is not None and wm is not None:
+            closed = store.pop_expired(wm - self.window.size_ms)
+        rows = closed if self.output_mode == "append" else merged
+        return self._finalize(rows if rows is not None else self.row_schema.to_frame())
+
+    def _finalize(self, rows: pl.DataFrame) -> pl.DataFrame:
+        """State rows -> ``window_start, window_end, keys..., aggregates...``."""
+        out: list[pl.Expr] = []
+        if self.window is not None:
+            dtype = self.out_time_dtype or pl.Datetime("ms")
+            out += [_ms_to(pl.col(WS), dtype).alias("window_start"),
+                    _ms_to(pl.col(WS) + self.window.size_ms, dtype).alias("window_end")]
+        out += [pl.col(k) for k in self.keys]
+        out += [a.finalize() for a in self.aggs]
+        sort = (["window_start"] if self.window is not None else []) + self.keys
+        result = rows.select(out)
+        return result.sort(sort, maintain_order=True) if result.height > 1 and sort else result
+
+
+def _ms_to(expr: pl.Expr, dtype: pl.DataType) -> pl.Expr:
+    if isinstance(dtype, pl.Datetime):
+        ms = pl.from_epoch(expr, time_unit="ms")
+        if dtype.time_zone:
+            ms = ms.dt.replace_time_zone("UTC").dt.convert_time_zone(dtype.time_zone)
+        return ms.dt.cast_time_unit(dtype.time_unit or "us")
+    if dtype == pl.Date:
+        return pl.from_epoch(expr, time_unit="ms").dt.date()
+    return expr.cast(dtype)
+
+
+def _write_schema(path: Path, schema: dict[str, Any]) -> None:
+    """Persist the state's column types as an empty Arrow IPC file (exact dtypes)."""
+    import io
+
+    from microbatch.checkpoint.files import write_bytes_atomic
+
+    cols = {**schema["keys"], **schema["values"]}
+    if schema["out_time"] is not None:
+        cols["__out_time"] = schema["out_time"]
+    buf = io.BytesIO()
+    pl.Schema(cols).to_frame().write_ipc(buf)
+    write_bytes_atomic(path, buf.getvalue())
+    write_json_atomic(path.with_suffix(".json"), "state-schema",
+                      {"keys": list(schema["keys"]), "values": list(schema["values"])})
+
+
+def _read_schema(path: Path) -> dict[str, Any]:
+    names = read_json(path.with_suffix(".json"), "state-schema")
+    types = pl.read_ipc_schema(path)
+    return {
+        "keys": {k: types[k] for k in names["keys"]},
+        "values": {k: types[k] for k in names["values"]},
+        "out_time": types.get("__out_time"),
+    }

@@ -1,0 +1,165 @@
+"""A harness to unit-test streaming jobs batch by batch, as our own tests do.
+
+>>> import polars as pl, microbatch as mb
+>>> from microbatch.testing import StreamTest
+>>> t = StreamTest(
+...     lambda src: src.with_watermark("ts", "10s")
+...     .group_by(mb.window("ts", "1m"), "k").agg(pl.len().alias("n")),
+...     schema={"ts": pl.Datetime("ms", "UTC"), "k": pl.Int64},
+... )
+>>> _ = t.add({"ts": [t.at("00:00:05"), t.at("00:00:30")], "k": [1, 1]}).process()
+>>> t.add({"ts": [t.at("00:01:30")], "k": [2]}).process()["n"].to_list()
+[2]
+
+Each ``process()`` runs the batch the added rows make (one batch, all of
+them) and then the no-data batch that the advanced watermark calls for, and
+returns the rows the sink received. ``restart()`` drops the running engine
+and recovers a new one from the checkpoint, as a process restart would;
+``advance_clock`` moves the processing-time clock (idle timeouts).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from microbatch.api import MemoryStream, read_memory
+from microbatch.checkpoint import Checkpoint
+from microbatch.execution import MicroBatchExecution
+from microbatch.stream import Stream
+from microbatch.triggers import ProcessingTime
+from microbatch.writer import output_keys, validate_aggregations
+from sinks.base import OutputMode, Sink
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class _CollectSink(Sink):
+    """Keeps each batch's rows; idempotent per batch id like every sink."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, pl.DataFrame] = {}
+
+    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
+        self.batches.setdefault(batch_id, df)
+
+    def rows(self, since: int = 0) -> pl.DataFrame:
+        frames = [df for bid, df in sorted(self.batches.items()) if bid >= since and df.width]
+        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+
+
+class StreamTest:
+    """Drive ``build(source_stream)`` with explicit rows, batch by batch."""
+
+    def __init__(
+        self,
+        build: Callable[[MemoryStream], Stream],
+        *,
+        schema: Mapping[str, Any],
+        output_mode: OutputMode = "append",
+        checkpoint: str | Path | None = None,
+        start: datetime = EPOCH,
+        partition_column: str | None = None,
+    ) -> None:
+        self.source = read_memory(schema=schema, partition_column=partition_column)
+        self.stream = build(self.source)
+        validate_aggregations(self.stream.plan, output_mode)
+        self.output_mode = output_mode
+        self.checkpoint = Path(checkpoint or tempfile.mkdtemp(prefix="microbatch-test-"))
+        self.sink = _CollectSink()
+        self.late = _CollectSink()
+        self.start_time = start
+        self.now = start.timestamp()
+        self._exec: MicroBatchExecution | None = None
+        self._open()
+
+    def at(self, clock: str, day: int = 0) -> datetime:
+        """A timestamp ``HH:MM:SS[.fff]`` on ``day`` days after the start date."""
+        parts = [float(p) for p in clock.split(":")]
+        while len(parts) < 3:
+            parts.insert(0, 0.0)
+        h, m, s = parts
+        return self.start_time + timedelta(days=day, hours=h, minutes=m, seconds=s)
+
+    def _open(self) -> None:
+        self._exec = MicroBatchExecution(
+            plan=self.stream.plan,
+            sink=self.sink,
+            output_mode=self.output_mode,
+            checkpoint=Checkpoint(self.checkpoint),
+            trigger=ProcessingTime(0),
+            late_sink=self.late,
+            key_columns=tuple(output_keys(self.stream.plan)),
+            clock=lambda: self.now,
+        )
+        self._exec.open()
+
+    @property
+    def execution(self) -> MicroBatchExecution:
+        assert self._exec is not None
+        return self._exec
+
+    def add(self, rows: pl.DataFrame | Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> StreamTest:
+        """Append input rows (they form the next batch)."""
+        self.source.add(rows)
+        return self
+
+    def process(self) -> pl.DataFrame:
+        """Run the pending batch and any no-data batch; return what the sink got."""
+        ex = self.execution
+        first = ex.next_batch_id
+        ex.run_batch(capped=False)
+        while ex.run_batch(bounds=dict(ex.committed)):
+            pass
+        return self.sink.rows(first)
+
+    def advance_clock(self, seconds: float) -> StreamTest:
+        """Move processing time forward (affects idle timeouts and timestamps)."""
+        self.now += seconds
+        return self
+
+    def restart(self) -> StreamTest:
+        """Drop the engine and recover a new one from the checkpoint."""
+        self.execution.close()
+        self._open()
+        return self
+
+    def close(self) -> None:
+        if self._exec is not None:
+            self._exec.close()
+            self._exec = None
+
+    @property
+    def output(self) -> pl.DataFrame:
+        """Every row the sink received so far, in batch order."""
+        return self.sink.rows()
+
+    @property
+    def late_rows(self) -> pl.DataFrame:
+        """Every row routed to the late-data output so far."""
+        return self.late.rows()
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The watermark the next batch will use."""
+        return self.execution.tracker.current
+
+    @property
+    def progress(self) -> list[dict[str, Any]]:
+        return list(self.execution.progress.recent)
+
+    def expect(self, rows: pl.DataFrame | Mapping[str, Sequence[Any]], *, got: pl.DataFrame | None = None) -> None:
+        """Assert the sink's rows (or ``got``) equal ``rows``, ignoring row order."""
+        expected = rows if isinstance(rows, pl.DataFrame) else pl.DataFrame(rows)
+        actual = self.output if got is None else got
+        actual = actual.select(expected.columns) if actual.width else actual
+        cols = expected.columns
+        if actual.height != expected.height or (
+            actual.height and not actual.sort(cols).equals(expected.sort(cols), null_equal=True)
+        ):
+            raise AssertionError(f"stream output differs\nexpected:\n{expected}\ngot:\n{actual}")

@@ -1,0 +1,291 @@
+"""Event-time windows and watermarks against one-shot Polars oracles.
+
+Split invariance: for random events with disorder and late rows, split at
+random into batches, the union of the append output equals the one-shot
+aggregate of the rows that were not late (lateness judged with the
+watermarks the engine recorded), for every window the final watermark closed.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracles import sessions, tumbling_or_hopping
+
+import microbatch as mb
+from microbatch.testing import StreamTest
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+SCHEMA = {"ts": pl.Datetime("ms", "UTC"), "k": pl.Int64, "v": pl.Int64}
+DELAY_MS = 20_000
+
+AGGS = [
+    pl.len().alias("n"),
+    pl.col("v").sum().alias("total"),
+    pl.col("v").min().alias("lo"),
+    pl.col("v").max().alias("hi"),
+    pl.col("v").mean().alias("avg"),
+    pl.col("v").first().alias("first_v"),
+    pl.col("v").last().alias("last_v"),
+]
+
+
+def oracle_aggs(time: str = "ts") -> list[pl.Expr]:
+    """The same aggregates one-shot; first/last by event time, ties by arrival."""
+    return [
+        pl.len().cast(pl.Int64).alias("n"),
+        pl.col("v").sum().alias("total"),
+        pl.col("v").min().alias("lo"),
+        pl.col("v").max().alias("hi"),
+        pl.col("v").mean().alias("avg"),
+        pl.col("v").sort_by(time, maintain_order=True).first().alias("first_v"),
+        pl.col("v").sort_by(time, maintain_order=True).last().alias("last_v"),
+    ]
+
+
+events = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 400_000), st.integers(-50, 50)),
+    min_size=1,
+    max_size=60,
+)
+
+
+def frame(rows: list[tuple[int, int, int]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"ts": [T0 + timedelta(milliseconds=t) for _, t, _ in rows],
+         "k": [k for k, _, _ in rows], "v": [v for _, _, v in rows]},
+        schema=SCHEMA,
+    )
+
+
+def run_split(build, rows, cuts, tmp: Path) -> StreamTest:
+    test = StreamTest(build, schema=SCHEMA, checkpoint=tmp)
+    bounds = [0, *sorted(set(cuts)), len(rows)]
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        if hi > lo:
+            test.add(frame(rows[lo:hi])).process()
+    return test
+
+
+def not_late(all_rows: pl.DataFrame, test: StreamTest) -> pl.DataFrame:
+    """The input minus the rows the engine sent to the late output."""
+    late = test.late_rows
+    if late.height == 0:
+        return all_rows
+    key = ["ts", "k", "v"]
+    counted = all_rows.with_columns(pl.int_range(pl.len()).over(key).alias("__i"))
+    late_i = late.select(key).with_columns(pl.int_range(pl.len()).over(key).alias("__i"))
+    return counted.join(late_i, on=[*key, "__i"], how="anti").drop("__i")
+
+
+def batch_watermarks(test: StreamTest) -> dict[int, int | None]:
+    return {p["batch_id"]: p["watermark_ms"] for p in test.progress}
+
+
+def check_late_rows_were_late(test: StreamTest, oldest_window_end_ms) -> None:
+    wm_by_batch = batch_watermarks(test)
+    for row in test.late_rows.iter_rows(named=True):
+        wm = wm_by_batch[row["batch_id"]]
+        assert wm is not None and oldest_window_end_ms(row["ts"]) <= wm, row
+    assert sum(p["late_rows"] for p in test.progress) == test.late_rows.height
+
+
+def compare(got: pl.DataFrame, want: pl.DataFrame) -> None:
+    cols = ["window_start", "window_end", "k", "n", "total", "lo", "hi", "avg", "first_v", "last_v"]
+    got = got.select(cols).sort(cols[:3])
+    want = want.select(cols).sort(cols[:3])
+    assert got.equals(want), f"engine:\n{got}\noracle:\n{want}"
+
+
+def to_output(oracle: pl.DataFrame, final_wm: int | None) -> pl.DataFrame:
+    closed = oracle.filter(pl.col("we") <= (final_wm if final_wm is not None else -(2**62)))
+    return closed.with_columns(
+        pl.from_epoch("ws", time_unit="ms").dt.cast_time_unit("ms").dt.replace_time_zone("UTC")
+        .alias("window_start"),
+        pl.from_epoch("we", time_unit="ms").dt.cast_time_unit("ms").dt.replace_time_zone("UTC")
+        .alias("window_end"),
+    )
+
+
+@pytest.mark.parametrize(("size", "slide"), [("1m", None), ("1m", "20s")], ids=["tumbling", "hopping"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=events, cuts=st.lists(st.integers(0, 60), max_size=8))
+def test_window_split_invariance(tmp_path_factory, size, slide, rows, cuts) -> None:
+    spec = mb.window("ts", size, slide=slide)
+
+    def build(src):
+        return src.with_watermark("ts", "20s").group_by(spec, "k").agg(*AGGS)
+
+    test = run_split(build, rows, [c for c in cuts if c < len(rows)], tmp_path_factory.mktemp("w"))
+    all_rows = frame(rows)
+    kept = not_late(all_rows, test)
+    # a late hopping row still counts in its windows that were open in its batch
+    late = test.late_rows
+    if late.height == 0:
+        late = pl.DataFrame(schema={**SCHEMA, "batch_id": pl.Int64})
+    late_cut = pl.Series([batch_watermarks(test)[b] for b in late["batch_id"]], dtype=pl.Int64)
+    open_ = tumbling_or_hopping(kept.with_columns(pl.lit(None, pl.Int64).alias("__wm")),
+                                time="ts", keys=["k"], size_ms=spec.size_ms,
+                                slide_ms=spec.slide_ms, aggs=[], by_row=True)
+    late_open = tumbling_or_hopping(
+        late.select("ts", "k", "v").with_columns(late_cut.alias("__wm")), time="ts", keys=["k"],
+        size_ms=spec.size_ms, slide_ms=spec.slide_ms, aggs=[], by_row=True,
+    ).filter(pl.col("we") > pl.col("__wm"))
+    oracle = (
+        pl.concat([open_, late_open])
+        .group_by(["ws", "k"], maintain_order=True).agg(oracle_aggs())
+        .with_columns((pl.col("ws") + spec.size_ms).alias("we"))
+    )
+    compare(test.output, to_output(oracle, test.watermark_ms))
+    oldest_end = lambda ts: (int(ts.timestamp() * 1000) // spec.slide_ms + 1) * spec.slide_ms  # noqa: E731
+    check_late_rows_were_late(test, oldest_end)
+    # nothing was lost: late rows + kept rows = input
+    assert kept.height + late.height == all_rows.height
+    test.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=events, cuts=st.lists(st.integers(0, 60), max_size=8))
+def test_session_split_invariance(tmp_path_factory, rows, cuts) -> None:
+    def build(src):
+        return (src.with_watermark("ts", "20s")
+                .group_by(mb.session_window("ts", "30s"), "k").agg(*AGGS))
+
+    test = run_split(build, rows, [c for c in cuts if c < len(rows)], tmp_path_factory.mktemp("s"))
+    all_rows = frame(rows)
+    kept = not_late(all_rows, test)
+    oracle = sessions(kept, time="ts", keys=["k"], gap_ms=30_000, aggs=oracle_aggs())
+    compare(test.output, to_output(oracle, test.watermark_ms))
+    check_late_rows_were_late(test, lambda ts: int(ts.timestamp() * 1000))
+    test.close()
+
+
+def test_tumbling_example_and_late_side_output(tmp_path: Path) -> None:
+    test = StreamTest(
+        lambda s: s.with_watermark("ts", "10s").group_by(mb.window("ts", "1m"), "k").agg(
+            pl.len().alias("n"), pl.col("v").sum().alias("total")),
+        schema=SCHEMA, checkpoint=tmp_path,
+    )
+    at = test.at
+    assert test.add({"ts": [at("00:00:05"), at("00:00:50")], "k": [1, 1], "v": [1, 2]}).process().height == 0
+    # watermark 00:00:40 now; this batch moves it to 00:01:15 -> window [0, 1m) closes
+    out = test.add({"ts": [at("00:01:25")], "k": [2], "v": [5]}).process()
+    assert out.to_dicts() == [{"window_start": at("00:00:00"), "window_end": at("00:01:00"),
+                               "k": 1, "n": 2, "total": 3}]
+    late = test.add({"ts": [at("00:00:30")], "k": [1], "v": [100]}).process()
+    assert late.height == 0
+    assert test.late_rows["late_reason"].to_list() == [
+        f"window ending {int(at('00:01:00').timestamp() * 1000)} closed by watermark "
+        f"{int(at('00:01:15').timestamp() * 1000)}"
+    ]
+    assert test.progress[-1]["late_rows"] == 1
+    test.close()
+
+
+def test_restart_in_the_middle_gives_identical_output(tmp_path: Path) -> None:
+    def build(s):
+        return s.with_watermark("ts", "20s").group_by(mb.window("ts", "1m"), "k").agg(*AGGS)
+
+    rows = [(i % 3, i * 7_000, i) for i in range(60)]
+    straight = run_split(build, rows, [10, 25, 40], tmp_path / "a")
+    test = StreamTest(build, schema=SCHEMA, checkpoint=tmp_path / "b")
+    for lo, hi in [(0, 10), (10, 25)]:
+        test.add(frame(rows[lo:hi])).process()
+    test.restart()
+    for lo, hi in [(25, 40), (40, 60)]:
+        test.add(frame(rows[lo:hi])).process()
+    assert test.output.equals(straight.output)
+    assert test.output.height > 0
+    straight.close()
+    test.close()
+
+
+def test_idle_partition_holds_watermark_unless_idle_timeout(tmp_path: Path) -> None:
+    schema = {**SCHEMA, "p": pl.Int32}
+
+    def run(idle):
+        test = StreamTest(
+            lambda s: s.with_watermark("ts", "10s", idle_timeout=idle)
+            .group_by(mb.window("ts", "1m"), "k").agg(pl.len().alias("n")),
+            schema=schema, checkpoint=tmp_path / str(idle), partition_column="p",
+        )
+        at = test.at
+        test.add({"ts": [at("00:00:01"), at("00:00:02")], "k": [1, 1], "v": [0, 0], "p": [0, 1]})
+        test.process()
+        for minute in range(1, 5):  # only partition 0 keeps receiving data
+            test.advance_clock(60)
+            test.add({"ts": [at(f"00:0{minute}:30")], "k": [1], "v": [0], "p": [0]}).process()
+        return test
+
+    waiting = run(None)
+    assert waiting.watermark_ms == int((waiting.at("00:00:02")).timestamp() * 1000) - 10_000
+    assert waiting.output.height == 0
+    flowing = run("30s")
+    assert flowing.output["n"].to_list()[:1] == [2]
+    assert flowing.watermark_ms == int(flowing.at("00:04:20").timestamp() * 1000)
+    waiting.close()
+    flowing.close()
+
+
+def test_unmergeable_aggregation_is_refused_when_built() -> None:
+    src = mb.read_memory(schema=SCHEMA)
+    with pytest.raises(mb.PlanError, match="cannot be computed incrementally"):
+        src.group_by("k").agg(pl.col("v").n_unique())
+
+
+def test_append_window_without_watermark_is_refused() -> None:
+    src = mb.read_memory(schema=SCHEMA)
+    stream = src.group_by(mb.window("ts", "1m"), "k").agg(pl.len())
+    with pytest.raises(mb.PlanError, match="needs .with_watermark"):
+        stream.write_memory("x")
+    with pytest.raises(mb.PlanError, match="cannot emit a group_by without a window"):
+        src.group_by("k").agg(pl.len()).write_memory("y")
+
+
+def test_update_and_complete_modes(tmp_path: Path) -> None:
+    def build(s):
+        return s.group_by("k").agg(pl.col("v").sum().alias("total"))
+
+    upd = StreamTest(build, schema=SCHEMA, output_mode="update", checkpoint=tmp_path / "u")
+    comp = StreamTest(build, schema=SCHEMA, output_mode="complete", checkpoint=tmp_path / "c")
+    for t in (upd, comp):
+        first = t.add({"ts": [T0, T0], "k": [1, 2], "v": [1, 2]}).process()
+        assert first.sort("k")["total"].to_list() == [1, 2]
+        second = t.add({"ts": [T0], "k": [1], "v": [10]}).process()
+        t.close()
+    assert second.sort("k").to_dicts() == [{"k": 1, "total": 11}, {"k": 2, "total": 2}]  # complete
+    assert upd.output.tail(1).to_dicts() == [{"k": 1, "total": 11}]
+
+
+def test_chained_steps_after_aggregation(tmp_path: Path) -> None:
+    test = StreamTest(
+        lambda s: s.with_watermark("ts", "0s").group_by(mb.window("ts", "1m"), "k")
+        .agg(pl.len().alias("n")).filter(pl.col("n") >= 2).with_columns(alert=pl.lit(True)),
+        schema=SCHEMA, checkpoint=tmp_path,
+    )
+    at = test.at
+    test.add({"ts": [at("00:00:01"), at("00:00:02"), at("00:00:03")], "k": [1, 1, 2], "v": [0, 0, 0]})
+    test.process()
+    out = test.add({"ts": [at("00:05:00")], "k": [3], "v": [0]}).process()
+    assert out.select("k", "n", "alert").to_dicts() == [{"k": 1, "n": 2, "alert": True}]
+    test.close()
+
+
+def test_changed_aggregation_on_same_checkpoint_is_refused(tmp_path: Path) -> None:
+    def one(s):
+        return s.with_watermark("ts", "0s").group_by(mb.window("ts", "1m"), "k").agg(pl.len())
+
+    def other(s):
+        return s.with_watermark("ts", "0s").group_by(mb.window("ts", "1m"), "k").agg(
+            pl.col("v").sum())
+
+    t = StreamTest(one, schema=SCHEMA, checkpoint=tmp_path)
+    t.add({"ts": [T0], "k": [1], "v": [1]}).process()
+    t.close()
+    with pytest.raises(mb.IncompatibleCheckpointError, match="state"):
+        StreamTest(other, schema=SCHEMA, checkpoint=tmp_path)
