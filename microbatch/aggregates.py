@@ -21,7 +21,9 @@ import polars as pl
 
 from microbatch.exceptions import PlanError
 
-SUPPORTED = "pl.len(), col.count(), col.sum(), col.min(), col.max(), col.mean(), col.first(), col.last()"
+SUPPORTED = (
+    "pl.len(), col.count(), col.sum(), col.min(), col.max(), col.mean(), col.first(), col.last()"
+)
 TIME = "__t"  # the event time (epoch ms) column available while aggregating
 
 
@@ -61,14 +63,20 @@ class AggSpec:
             case "max":
                 return [col.max().alias(names[0])]
             case "mean":
-                return [col.cast(pl.Float64).sum().alias(names[0]),
-                        col.count().cast(pl.Int64).alias(names[1])]
+                return [
+                    col.cast(pl.Float64).sum().alias(names[0]),
+                    col.count().cast(pl.Int64).alias(names[1]),
+                ]
             case "first":
-                return [pl.col(TIME).min().alias(names[0]),
-                        col.sort_by(TIME, maintain_order=True).first().alias(names[1])]
+                return [
+                    pl.col(TIME).min().alias(names[0]),
+                    col.sort_by(TIME, maintain_order=True).first().alias(names[1]),
+                ]
             case "last":
-                return [pl.col(TIME).max().alias(names[0]),
-                        col.sort_by(TIME, maintain_order=True).last().alias(names[1])]
+                return [
+                    pl.col(TIME).max().alias(names[0]),
+                    col.sort_by(TIME, maintain_order=True).last().alias(names[1]),
+                ]
         raise AssertionError(self.kind)
 
     def merges(self) -> list[pl.Expr]:
@@ -84,11 +92,15 @@ class AggSpec:
             case "mean":
                 return [pl.col(names[0]).sum(), pl.col(names[1]).sum()]
             case "first":
-                return [pl.col(names[0]).min(),
-                        pl.col(names[1]).sort_by(names[0], maintain_order=True).first()]
+                return [
+                    pl.col(names[0]).min(),
+                    pl.col(names[1]).sort_by(names[0], maintain_order=True).first(),
+                ]
             case "last":
-                return [pl.col(names[0]).max(),
-                        pl.col(names[1]).sort_by(names[0], maintain_order=True).last()]
+                return [
+                    pl.col(names[0]).max(),
+                    pl.col(names[1]).sort_by(names[0], maintain_order=True).last(),
+                ]
         raise AssertionError(self.kind)
 
     def finalize(self) -> pl.Expr:
@@ -126,9 +138,16 @@ def parse_aggregation(expr: pl.Expr) -> AggSpec:
     if tree == "Len":
         return AggSpec("len", None, output or "len")
     if isinstance(tree, dict) and "Agg" in tree and len(tree["Agg"]) == 1:
-        (name, arg), = tree["Agg"].items()
-        kind = {"Sum": "sum", "Min": "min", "Max": "max", "Mean": "mean", "Count": "count",
-                "First": "first", "Last": "last"}.get(name)
+        ((name, arg),) = tree["Agg"].items()
+        kind = {
+            "Sum": "sum",
+            "Min": "min",
+            "Max": "max",
+            "Mean": "mean",
+            "Count": "count",
+            "First": "first",
+            "Last": "last",
+        }.get(name)
         column = _column_of(arg)
         if kind and column and output:
             if kind == "count" and isinstance(arg, dict) and arg.get("include_nulls"):

@@ -46,6 +46,7 @@ from microbatch.faults import fault_point
 from microbatch.operators.base import OperatorContext
 from microbatch.plan import PlanNode
 from microbatch.progress import ProgressStore
+from microbatch.read_ahead import ReadAhead, read_ranges
 from microbatch.sources.base import Offset, Source, SourceContext
 from microbatch.triggers import AvailableNow, Once, ProcessingTime, Trigger
 from microbatch.watermark import PARTITION_COLUMN
@@ -137,6 +138,7 @@ class MicroBatchExecution:
         self.tracker = self.executor.tracker
         self.watermark_in_force: int | None = None
         self.input_schemas: dict[str, pl.Schema] = {}
+        self.read_ahead = ReadAhead(self.sources)
         self.query_id = ""
         self.run_id = str(uuid.uuid4())
         self.next_batch_id = 0
@@ -186,6 +188,7 @@ class MicroBatchExecution:
 
     def close(self) -> None:
         """Close sources and sinks and release the lock (idempotent)."""
+        self.read_ahead.close()
         for closer in [s.close for s in self.sources.values()] + [self.sink.close]:
             try:
                 closer()
@@ -202,14 +205,21 @@ class MicroBatchExecution:
 
     def fingerprint(self) -> str:
         """A hash of the whole job's configuration, recorded per batch."""
-        doc = {"identity": self.identity(), "plan": self.plan.explain(),
-               "sink": self.sink.describe(), "output_mode": self.output_mode}
-        return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        doc = {
+            "identity": self.identity(),
+            "plan": self.plan.explain(),
+            "sink": self.sink.describe(),
+            "output_mode": self.output_mode,
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[
+            :16
+        ]
 
     def recover(self) -> None:
         """Find where to resume; see the module docstring for the rule."""
         offsets, commits = self.checkpoint.offsets, self.checkpoint.commits
-        assert offsets is not None and commits is not None
+        assert offsets is not None
+        assert commits is not None
         offsets.check_contiguous()
         commits.check_contiguous()
         last = offsets.latest()
@@ -279,6 +289,7 @@ class MicroBatchExecution:
             with timer.step("execute"):
                 output, ctx = self.execute(batch, inputs)
             fault_point("after_execute", batch.batch_id)
+            self.start_read_ahead(batch, capped=capped, bounds=bounds)
             with timer.step("sink"):
                 self.write_sink(batch, output, dead_letters, ctx)
             fault_point("after_sink", batch.batch_id)
@@ -309,6 +320,7 @@ class MicroBatchExecution:
         when only the watermark moved).
         """
         t0 = time.perf_counter()
+        self.read_ahead.wait()  # NOTE: a source is never used by two threads at once
         with self.cond:
             self.plans_started += 1
             plan_no = self.plans_started
@@ -350,8 +362,7 @@ class MicroBatchExecution:
             {
                 "batch_id": batch.batch_id,
                 "sources": {
-                    sid: {"start": start, "end": end}
-                    for sid, (start, end) in batch.ranges.items()
+                    sid: {"start": start, "end": end} for sid, (start, end) in batch.ranges.items()
                 },
                 "watermark_ms": batch.watermark_ms,
                 "timestamp_ms": batch.timestamp_ms,
@@ -363,30 +374,49 @@ class MicroBatchExecution:
 
     def read_inputs(self, batch: PlannedBatch) -> tuple[dict[str, pl.DataFrame], pl.DataFrame]:
         """Step 3: exactly the recorded range of every source, and its dead letters."""
+        got = self.read_ahead.take(batch.ranges) or read_ranges(self.sources, batch.ranges)
         inputs: dict[str, pl.DataFrame] = {}
         dead: list[pl.DataFrame] = []
-        for sid, (start, end) in batch.ranges.items():
+        for sid, read in got.items():
             source = self.sources[sid]
-            if source.compare(end, start) > 0:
-                got = source.read(start, end)
-                frame = input_frame(source, got.data)
-                if frame.width:
-                    self.input_schemas[sid] = frame.schema
-                if got.partitions is not None and self.tracker.specs:
-                    frame = frame.with_columns(got.partitions.alias(PARTITION_COLUMN))
-                inputs[sid] = frame
-                if got.dead_letters.height:
-                    dead.append(got.dead_letters)
-            else:
+            if read is None:
                 known = self.input_schemas.get(sid)
-                inputs[sid] = known.to_frame() if known is not None else input_frame(
-                    source, pl.DataFrame())
+                inputs[sid] = (
+                    known.to_frame() if known is not None else input_frame(source, pl.DataFrame())
+                )
+                continue
+            frame = input_frame(source, read.data)
+            if frame.width:
+                self.input_schemas[sid] = frame.schema
+            if read.partitions is not None and self.tracker.specs:
+                frame = frame.with_columns(read.partitions.alias(PARTITION_COLUMN))
+            inputs[sid] = frame
+            if read.dead_letters.height:
+                dead.append(read.dead_letters)
         dead_letters = (
             pl.concat(dead).with_columns(pl.lit(batch.batch_id, pl.Int64).alias("batch_id"))
             if dead
             else pl.DataFrame()
         )
         return inputs, dead_letters
+
+    def start_read_ahead(
+        self, batch: PlannedBatch, *, capped: bool, bounds: dict[str, Offset] | None
+    ) -> None:
+        """With a backlog, read what the next batch will most likely be, in the
+        background, while this batch is in its sink (see :mod:`read_ahead`)."""
+        backlog = isinstance(self.trigger, AvailableNow) or self.falling_behind
+        if not backlog or not capped:
+            return
+        ranges: dict[str, tuple[Offset, Offset]] = {}
+        for sid, (_, end) in batch.ranges.items():
+            source = self.sources[sid]
+            nxt = source.latest_offset(end, capped=True)
+            if bounds is not None and sid in bounds:
+                nxt = source.bound(nxt, bounds[sid])
+            ranges[sid] = (end, nxt if source.compare(nxt, end) > 0 else end)
+        if any(self.sources[sid].compare(e, s) > 0 for sid, (s, e) in ranges.items()):
+            self.read_ahead.start(ranges)
 
     def execute(
         self, batch: PlannedBatch, inputs: dict[str, pl.DataFrame]
@@ -417,7 +447,8 @@ class MicroBatchExecution:
 
     def commit(self, batch: PlannedBatch) -> None:
         """Step 6: state version N+1, then ``commits/N`` with the next watermark."""
-        assert self.checkpoint.offsets is not None and self.checkpoint.commits is not None
+        assert self.checkpoint.offsets is not None
+        assert self.checkpoint.commits is not None
         self.executor.commit()
         fault_point("after_state_commit", batch.batch_id)
         self.checkpoint.commits.add(

@@ -16,7 +16,14 @@ import polars as pl
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import OperatorContext, StatefulOperator
 from microbatch.operators.window_agg import WindowAggregate
-from microbatch.plan import AggregateNode, PlanNode, SourceNode, StepNode, WatermarkNode
+from microbatch.plan import (
+    AggregateNode,
+    DedupeNode,
+    PlanNode,
+    SourceNode,
+    StepNode,
+    WatermarkNode,
+)
 from microbatch.sources.base import Source
 from microbatch.watermark import PARTITION_COLUMN, WatermarkSpec, WatermarkTracker
 from microbatch.windows import SessionWindowSpec
@@ -30,16 +37,27 @@ def source_ids(plan: PlanNode) -> dict[int, str]:
     return {id(source): str(i) for i, source in enumerate(plan.sources())}
 
 
-def build_operator(node: AggregateNode, operator_id: str, output_mode: OutputMode) -> StatefulOperator:
+def build_operator(
+    node: AggregateNode, operator_id: str, output_mode: OutputMode
+) -> StatefulOperator:
     """The runtime operator for an aggregate spec."""
     if isinstance(node.window, SessionWindowSpec):
         from microbatch.operators.session import SessionAggregate
 
-        return SessionAggregate(operator_id=operator_id, window=node.window,
-                                keys=list(node.keys), aggs=list(node.aggs),
-                                output_mode=output_mode)
-    return WindowAggregate(operator_id=operator_id, window=node.window, keys=list(node.keys),
-                           aggs=list(node.aggs), output_mode=output_mode)
+        return SessionAggregate(
+            operator_id=operator_id,
+            window=node.window,
+            keys=list(node.keys),
+            aggs=list(node.aggs),
+            output_mode=output_mode,
+        )
+    return WindowAggregate(
+        operator_id=operator_id,
+        window=node.window,
+        keys=list(node.keys),
+        aggs=list(node.aggs),
+        output_mode=output_mode,
+    )
 
 
 class BatchExecutor:
@@ -63,6 +81,15 @@ class BatchExecutor:
             elif isinstance(node, AggregateNode):
                 op_id = f"agg-{len(self._ops)}"
                 self._ops[id(node)] = build_operator(node, op_id, output_mode)
+            elif isinstance(node, DedupeNode):
+                from microbatch.operators.dedupe import Deduplicate
+
+                self._ops[id(node)] = Deduplicate(
+                    operator_id=f"dedupe-{len(self._ops)}",
+                    subset=list(node.subset),
+                    within_ms=node.within_ms,
+                    time_column=node.time_column,
+                )
         self.tracker = WatermarkTracker(specs)
         self.operators: list[StatefulOperator] = list(self._ops.values())
 
@@ -78,7 +105,11 @@ class BatchExecutor:
     def execute(self, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext) -> pl.DataFrame:
         """The result rows of this batch, given each source's rows by id."""
         out = self._lazy(self.plan, inputs, ctx).collect()
-        return out.select(pl.exclude(HIDDEN)) if any(c.startswith("__mb_") for c in out.columns) else out
+        return (
+            out.select(pl.exclude(HIDDEN))
+            if any(c.startswith("__mb_") for c in out.columns)
+            else out
+        )
 
     def _lazy(
         self, node: PlanNode, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext
@@ -91,7 +122,7 @@ class BatchExecutor:
             df = self._lazy(node.child, inputs, ctx).collect()
             self.tracker.observe(self._wm_ids[id(node)], df, ctx.timestamp_ms)
             return df.lazy()
-        if isinstance(node, AggregateNode):
+        if isinstance(node, AggregateNode | DedupeNode):
             df = self._lazy(node.child, inputs, ctx).collect()
             df = df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
             return self._ops[id(node)].process(df, ctx).lazy()

@@ -29,7 +29,7 @@ POINTS = (
 )
 
 
-class InjectedFault(RuntimeError):  # noqa: N818 - it is a fault, not an error of ours
+class InjectedFault(RuntimeError):
     """Raised at a crash point when ``MICROBATCH_FAULT_ACTION=raise``."""
 
 

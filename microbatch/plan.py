@@ -166,3 +166,23 @@ class AggregateNode(PlanNode):
         """Columns that identify an output row (for update-mode sinks)."""
         win = ["window_start", "window_end"] if self.window is not None else []
         return win + list(self.keys)
+
+
+@dataclass(frozen=True, eq=False)
+class DedupeNode(PlanNode):
+    """``drop_duplicates(subset, within)``: first row per key; keeps state."""
+
+    child: PlanNode
+    subset: tuple[str, ...]
+    within_ms: int
+    time_column: str
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        return (
+            f"DropDuplicates(subset={list(self.subset)}, within={self.within_ms}ms, "
+            f"time={self.time_column})  [stateful]"
+        )

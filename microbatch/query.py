@@ -168,4 +168,5 @@ class StreamingQuery:
             ) from self._exception
 
     def __repr__(self) -> str:
-        return f"<StreamingQuery id={self.id} active={self.is_active} status={self.status['message']!r}>"
+        message = self.status["message"]
+        return f"<StreamingQuery id={self.id} active={self.is_active} status={message!r}>"

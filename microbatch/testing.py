@@ -104,7 +104,9 @@ class StreamTest:
         assert self._exec is not None
         return self._exec
 
-    def add(self, rows: pl.DataFrame | Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> StreamTest:
+    def add(
+        self, rows: pl.DataFrame | Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
+    ) -> StreamTest:
         """Append input rows (they form the next batch)."""
         self.source.add(rows)
         return self
@@ -153,7 +155,9 @@ class StreamTest:
     def progress(self) -> list[dict[str, Any]]:
         return list(self.execution.progress.recent)
 
-    def expect(self, rows: pl.DataFrame | Mapping[str, Sequence[Any]], *, got: pl.DataFrame | None = None) -> None:
+    def expect(
+        self, rows: pl.DataFrame | Mapping[str, Sequence[Any]], *, got: pl.DataFrame | None = None
+    ) -> None:
         """Assert the sink's rows (or ``got``) equal ``rows``, ignoring row order."""
         expected = rows if isinstance(rows, pl.DataFrame) else pl.DataFrame(rows)
         actual = self.output if got is None else got

@@ -109,7 +109,8 @@ class WatermarkTracker:
         if not parts:
             return None
         active = [
-            p["max"] for p in parts.values()
+            p["max"]
+            for p in parts.values()
             if spec.idle_timeout_ms is None or now_ms - p["seen"] <= spec.idle_timeout_ms
         ]
         # every partition idle: nothing holds the watermark back any more

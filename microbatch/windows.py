@@ -28,8 +28,12 @@ class WindowSpec:
         return self.size_ms == self.slide_ms
 
     def describe(self) -> dict[str, object]:
-        return {"kind": "window", "column": self.column, "size_ms": self.size_ms,
-                "slide_ms": self.slide_ms}
+        return {
+            "kind": "window",
+            "column": self.column,
+            "size_ms": self.size_ms,
+            "slide_ms": self.slide_ms,
+        }
 
 
 @dataclass(frozen=True)
@@ -79,9 +83,6 @@ def assign_windows(lf: pl.LazyFrame, spec: WindowSpec, ts_ms: str) -> pl.LazyFra
     if spec.is_tumbling:
         return lf.with_columns(last_start.alias("__ws"))
     k = spec.size_ms // spec.slide_ms
-    return (
-        lf.with_columns(
-            (last_start - pl.int_ranges(0, k, dtype=pl.Int64) * spec.slide_ms).alias("__ws")
-        )
-        .explode("__ws")
-    )
+    return lf.with_columns(
+        (last_start - pl.int_ranges(0, k, dtype=pl.Int64) * spec.slide_ms).alias("__ws")
+    ).explode("__ws")

@@ -73,8 +73,10 @@ class DataStreamWriter:
         """
         if retention < 1:
             raise PlanError(f"retention must be at least 1 batch, got {retention}")
-        root = Path(checkpoint) if checkpoint is not None else Path(
-            tempfile.mkdtemp(prefix="microbatch-chk-")
+        root = (
+            Path(checkpoint)
+            if checkpoint is not None
+            else Path(tempfile.mkdtemp(prefix="microbatch-chk-"))
         )
         chk = Checkpoint(root)
         execution = MicroBatchExecution(

@@ -32,6 +32,12 @@ def write_parquet_files(directory: Path, frames: list[pl.DataFrame]) -> list[Pat
     for i, frame in enumerate(frames):
         path = directory / f"part-{i:05d}.parquet"
         frame.write_parquet(path)
-        os.utime(path, ns=(1_700_000_000_000_000_000 + i * 1_000_000, 1_700_000_000_000_000_000 + i * 1_000_000))
+        os.utime(
+            path,
+            ns=(
+                1_700_000_000_000_000_000 + i * 1_000_000,
+                1_700_000_000_000_000_000 + i * 1_000_000,
+            ),
+        )
         paths.append(path)
     return paths

@@ -6,23 +6,27 @@ import polars as pl
 
 
 def tumbling_or_hopping(
-    rows: pl.DataFrame, *, time: str, keys: list[str], size_ms: int, slide_ms: int,
-    aggs: list[pl.Expr], by_row: bool = False,
+    rows: pl.DataFrame,
+    *,
+    time: str,
+    keys: list[str],
+    size_ms: int,
+    slide_ms: int,
+    aggs: list[pl.Expr],
+    by_row: bool = False,
 ) -> pl.DataFrame:
     """Every (window, keys) aggregate over ``rows``, windows as epoch ms
     (``by_row``: the (row, window) assignments, not aggregated)."""
     k = size_ms // slide_ms
     t = pl.col(time).dt.epoch("ms")
     last = (t // slide_ms) * slide_ms
-    assigned = (
-        rows.with_columns((last - pl.int_ranges(0, k, dtype=pl.Int64) * slide_ms).alias("ws"))
-        .explode("ws")
-    )
+    assigned = rows.with_columns(
+        (last - pl.int_ranges(0, k, dtype=pl.Int64) * slide_ms).alias("ws")
+    ).explode("ws")
     if by_row:
         return assigned.with_columns((pl.col("ws") + size_ms).alias("we"))
     return (
-        assigned
-        .group_by(["ws", *keys], maintain_order=True)
+        assigned.group_by(["ws", *keys], maintain_order=True)
         .agg(aggs)
         .with_columns((pl.col("ws") + size_ms).alias("we"))
     )
@@ -38,8 +42,10 @@ def sessions(
         .sort([*keys, "__t"], maintain_order=True)
         .with_columns((pl.col("__t") + gap_ms).cum_max().over(keys).alias("__end"))
         .with_columns(
-            (pl.col("__t") > pl.col("__end").shift(1).over(keys)).fill_null(True)
-            .cum_sum().alias("__sid")
+            (pl.col("__t") > pl.col("__end").shift(1).over(keys))
+            .fill_null(True)
+            .cum_sum()
+            .alias("__sid")
         )
         .group_by([*keys, "__sid"], maintain_order=True)
         .agg(pl.col("__t").min().alias("ws"), (pl.col("__t").max() + gap_ms).alias("we"), *aggs)

@@ -77,7 +77,7 @@ def read_json(path: Path, kind: str) -> Any:
         doc = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointCorruptError(
-            f"checkpoint file {path} is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc}); "
+            f"checkpoint file {path} is not valid JSON ({getattr(exc, 'msg', exc)}); "
             "it is truncated or was overwritten. Restore it from a backup, or start the query "
             "on a new checkpoint directory."
         ) from exc

@@ -76,8 +76,9 @@ def check_signature(state_dir: Path, signature: dict[str, Any]) -> None:
         return
     recorded = read_json(path, "operator")
     if recorded != signature:
-        changed = sorted(k for k in set(recorded) | set(signature)
-                         if recorded.get(k) != signature.get(k))
+        changed = sorted(
+            k for k in set(recorded) | set(signature) if recorded.get(k) != signature.get(k)
+        )
         raise IncompatibleCheckpointError(
             f"the state in {state_dir} was written by a different operator: {changed} "
             f"changed (was {json.dumps({k: recorded.get(k) for k in changed})}, now "

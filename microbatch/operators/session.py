@@ -78,8 +78,12 @@ class SessionAggregate(StatefulOperator):
         self.pcols = [n for a in aggs for n in a.partial_names()]
 
     def signature(self) -> dict[str, Any]:
-        return {"kind": "session_aggregate", "window": self.window.describe(),
-                "keys": self.keys, "state": [a.state_name for a in self.aggs]}
+        return {
+            "kind": "session_aggregate",
+            "window": self.window.describe(),
+            "keys": self.keys,
+            "state": [a.state_name for a in self.aggs],
+        }
 
     def open(self, state_dir: Path | None, batch_id: int) -> None:
         self.state_dir = state_dir
@@ -97,11 +101,17 @@ class SessionAggregate(StatefulOperator):
         self.row_schema = pl.Schema({**keys, SLOT: pl.Int64, **schema["values"]})
         self.providers = {
             "sessions": StateStoreProvider(
-                self.state_dir / "sessions", key_schema={**keys, SLOT: pl.Int64},
-                value_schema=schema["values"], time_column=E),
+                self.state_dir / "sessions",
+                key_schema={**keys, SLOT: pl.Int64},
+                value_schema=schema["values"],
+                time_column=E,
+            ),
             "index": StateStoreProvider(
-                self.state_dir / "index", key_schema=keys,
-                value_schema={N: pl.Int64, MAX_END: pl.Int64}, time_column=MAX_END),
+                self.state_dir / "index",
+                key_schema=keys,
+                value_schema={N: pl.Int64, MAX_END: pl.Int64},
+                time_column=MAX_END,
+            ),
         }
 
     def _load(self, df: pl.DataFrame, batch_id: int) -> bool:
@@ -111,8 +121,11 @@ class SessionAggregate(StatefulOperator):
             values: dict[str, pl.DataType] = {S: pl.Int64, E: pl.Int64}
             for agg in self.aggs:
                 values.update(agg.partial_dtypes(df.schema))
-            schema = {"keys": {k: df.schema[k] for k in self.keys}, "values": values,
-                      "out_time": df.schema[self.window.column]}
+            schema = {
+                "keys": {k: df.schema[k] for k in self.keys},
+                "values": values,
+                "out_time": df.schema[self.window.column],
+            }
             assert self.state_dir is not None
             _write_schema(self.state_dir / "schema.arrow", schema)
             self._make_providers(schema)
@@ -153,7 +166,9 @@ class SessionAggregate(StatefulOperator):
         changed = self._merge(events) if events is not None and events.height else None
         emitted = self._emit(changed, wm)
         ctx.metrics[self.operator_id] = {
-            **self.metrics(), "updated_sessions": 0 if changed is None else changed.height}
+            **self.metrics(),
+            "updated_sessions": 0 if changed is None else changed.height,
+        }
         return emitted
 
     def _events(self, df: pl.DataFrame, wm: int | None, ctx: OperatorContext) -> pl.DataFrame:
@@ -162,17 +177,20 @@ class SessionAggregate(StatefulOperator):
         rows = df.lazy().with_columns(event_time_ms(self.window.column, df.schema).alias(TIME))
         late_expr = pl.col(TIME).is_null()
         reason = pl.when(pl.col(TIME).is_null()).then(
-            pl.lit(f"event time {self.window.column!r} is null"))
+            pl.lit(f"event time {self.window.column!r} is null")
+        )
         if wm is not None:
             late_expr = late_expr | (pl.col(TIME) <= wm)
             reason = reason.otherwise(
-                pl.format("event time {} is at or before watermark {}", pl.col(TIME), pl.lit(wm)))
+                pl.format("event time {} is at or before watermark {}", pl.col(TIME), pl.lit(wm))
+            )
         marked = rows.with_columns(late_expr.alias("__late")).collect()
         late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
         if late.height:
             ctx.late_rows.append(late)
         return (
-            marked.lazy().filter(~pl.col("__late"))
+            marked.lazy()
+            .filter(~pl.col("__late"))
             .with_columns(pl.col(TIME).alias(S))
             .group_by([*self.keys, S], maintain_order=True)
             .agg([e for a in self.aggs for e in a.partials()])
@@ -183,18 +201,25 @@ class SessionAggregate(StatefulOperator):
     def _merge(self, events: pl.DataFrame) -> pl.DataFrame:
         """Merge batch events with their keys' stored sessions; stage the result;
         return the keys' sessions as one row per (key, session)."""
-        assert self.sessions is not None and self.index is not None
+        assert self.sessions is not None
+        assert self.index is not None
         keys = events.select(self.keys).unique(maintain_order=True)
         high = self.index.lookup(keys).select(
-            *self.keys, pl.when("__found").then(pl.col(N)).otherwise(0).alias(N))
-        wanted = high.filter(pl.col(N) > 0).select(
-            *self.keys, pl.int_ranges(0, pl.col(N), dtype=pl.Int64).alias(SLOT)).explode(SLOT)
+            *self.keys, pl.when("__found").then(pl.col(N)).otherwise(0).alias(N)
+        )
+        wanted = (
+            high.filter(pl.col(N) > 0)
+            .select(*self.keys, pl.int_ranges(0, pl.col(N), dtype=pl.Int64).alias(SLOT))
+            .explode(SLOT)
+        )
         stored = (
             self.sessions.lookup(wanted).filter("__found").select(*self.keys, S, E, *self.pcols)
-            if wanted.height else events.select(*self.keys, S, E, *self.pcols).head(0)
+            if wanted.height
+            else events.select(*self.keys, S, E, *self.pcols).head(0)
         )
-        allrows = pl.concat([stored, events.select(*self.keys, S, E, *self.pcols)],
-                            how="vertical_relaxed")
+        allrows = pl.concat(
+            [stored, events.select(*self.keys, S, E, *self.pcols)], how="vertical_relaxed"
+        )
         merges = [e for a in self.aggs for e in a.merges()]
         sessions = (
             allrows.lazy()
@@ -202,7 +227,10 @@ class SessionAggregate(StatefulOperator):
             .with_columns(pl.col(E).cum_max().over(self.keys).alias("__run_end"))
             .with_columns(
                 (pl.col(S) > pl.col("__run_end").shift(1).over(self.keys))
-                .fill_null(True).cum_sum().alias("__sid"))
+                .fill_null(True)
+                .cum_sum()
+                .alias("__sid")
+            )
             .group_by([*self.keys, "__sid"], maintain_order=True)
             .agg(pl.col(S).min(), pl.col(E).max(), *merges)
             .drop("__sid")
@@ -210,7 +238,8 @@ class SessionAggregate(StatefulOperator):
             .collect()
         )
         counts = sessions.group_by(self.keys, maintain_order=True).agg(
-            pl.len().cast(pl.Int64).alias("__m"), pl.col(E).max().alias(MAX_END))
+            pl.len().cast(pl.Int64).alias("__m"), pl.col(E).max().alias(MAX_END)
+        )
         stale = (
             counts.join(high, on=self.keys, how="left", nulls_equal=True)
             .filter(pl.col(N) > pl.col("__m"))
@@ -224,7 +253,8 @@ class SessionAggregate(StatefulOperator):
         return sessions
 
     def _emit(self, changed: pl.DataFrame | None, wm: int | None) -> pl.DataFrame:
-        assert self.sessions is not None and self.index is not None
+        assert self.sessions is not None
+        assert self.index is not None
         closed = None
         if wm is not None and self.output_mode != "complete":
             closed = self.sessions.pop_expired(wm)

@@ -171,8 +171,11 @@ class WindowAggregate(StatefulOperator):
             merged = self._merge(store, partials)
             store.upsert(merged)
         emitted = self._emit(store, merged, wm)
-        ctx.metrics[self.operator_id] = {**store.metrics, "late_rows": late_count,
-                                         "updated_keys": 0 if merged is None else merged.height}
+        ctx.metrics[self.operator_id] = {
+            **store.metrics,
+            "late_rows": late_count,
+            "updated_keys": 0 if merged is None else merged.height,
+        }
         return emitted
 
     def _state_keys(self) -> list[str]:
@@ -192,20 +195,14 @@ class WindowAggregate(StatefulOperator):
         newest_start = (pl.col(TIME) // spec.slide_ms) * spec.slide_ms
         oldest_end = newest_start + spec.slide_ms
         late_expr = pl.col(TIME).is_null()
-        reason = pl.when(pl.col(TIME).is_null()).then(
-            pl.lit(f"event time {spec.column!r} is null")
-        )
+        reason = pl.when(pl.col(TIME).is_null()).then(pl.lit(f"event time {spec.column!r} is null"))
         if wm is not None:
             late_expr = late_expr | (oldest_end <= wm)
             reason = reason.otherwise(
                 pl.format("window ending {} closed by watermark {}", oldest_end, pl.lit(wm))
             )
         marked = with_t.with_columns(late_expr.alias("__late")).collect()
-        late = (
-            marked.filter("__late")
-            .with_columns(reason.alias(LATE_REASON))
-            .drop(TIME, "__late")
-        )
+        late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
         live = assign_windows(
             marked.lazy().filter(pl.col(TIME).is_not_null()).drop("__late"), spec, TIME
         )
@@ -234,11 +231,11 @@ class WindowAggregate(StatefulOperator):
                 exprs.append(pl.max_horizontal(s[names[0]], b[names[0]]).alias(names[0]))
             else:
                 t, v = names
-                take_batch = ~hit | (
-                    (b[t] < s[t]) if agg.kind == "first" else (b[t] >= s[t])
-                )
-                exprs += [pl.when(take_batch).then(b[t]).otherwise(s[t]).alias(t),
-                          pl.when(take_batch).then(b[v]).otherwise(s[v]).alias(v)]
+                take_batch = ~hit | ((b[t] < s[t]) if agg.kind == "first" else (b[t] >= s[t]))
+                exprs += [
+                    pl.when(take_batch).then(b[t]).otherwise(s[t]).alias(t),
+                    pl.when(take_batch).then(b[v]).otherwise(s[v]).alias(v),
+                ]
         return both.select(*keys, *exprs)
 
     def _emit(self, store: StateStore, merged: pl.DataFrame | None, wm: int | None) -> pl.DataFrame:
@@ -255,8 +252,10 @@ class WindowAggregate(StatefulOperator):
         out: list[pl.Expr] = []
         if self.window is not None:
             dtype = self.out_time_dtype or pl.Datetime("ms")
-            out += [_ms_to(pl.col(WS), dtype).alias("window_start"),
-                    _ms_to(pl.col(WS) + self.window.size_ms, dtype).alias("window_end")]
+            out += [
+                _ms_to(pl.col(WS), dtype).alias("window_start"),
+                _ms_to(pl.col(WS) + self.window.size_ms, dtype).alias("window_end"),
+            ]
         out += [pl.col(k) for k in self.keys]
         out += [a.finalize() for a in self.aggs]
         sort = (["window_start"] if self.window is not None else []) + self.keys
@@ -287,8 +286,11 @@ def _write_schema(path: Path, schema: dict[str, Any]) -> None:
     buf = io.BytesIO()
     pl.Schema(cols).to_frame().write_ipc(buf)
     write_bytes_atomic(path, buf.getvalue())
-    write_json_atomic(path.with_suffix(".json"), "state-schema",
-                      {"keys": list(schema["keys"]), "values": list(schema["values"])})
+    write_json_atomic(
+        path.with_suffix(".json"),
+        "state-schema",
+        {"keys": list(schema["keys"]), "values": list(schema["values"])},
+    )
 
 
 def _read_schema(path: Path) -> dict[str, Any]:

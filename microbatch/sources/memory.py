@@ -58,7 +58,9 @@ class MemorySource(Source):
     def schema(self) -> pl.Schema | None:
         return self._schema
 
-    def add(self, rows: pl.DataFrame | Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> int:
+    def add(
+        self, rows: pl.DataFrame | Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
+    ) -> int:
         """Append rows (a frame, a dict of columns, or a list of dicts); return the new end offset.
 
         Rows are cast to the source's schema (set by the first frame when
@@ -70,8 +72,10 @@ class MemorySource(Source):
                 self._schema = frame.schema
             try:
                 frame = frame.select(
-                    [pl.col(n).cast(t) if n in frame.columns else pl.lit(None, t).alias(n)
-                     for n, t in self._schema.items()]
+                    [
+                        pl.col(n).cast(t) if n in frame.columns else pl.lit(None, t).alias(n)
+                        for n, t in self._schema.items()
+                    ]
                 )
             except pl.exceptions.PolarsError as exc:
                 raise SourceError(
@@ -84,8 +88,11 @@ class MemorySource(Source):
             return self._total
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name,
-                "max_records_per_batch": self.max_records_per_batch}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "max_records_per_batch": self.max_records_per_batch,
+        }
 
     def identity(self) -> dict[str, Any]:
         return {"kind": self.kind}

@@ -12,7 +12,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
@@ -29,14 +28,33 @@ ROWS, CAP = 1_200_000, 2_000
 
 
 def command(chk: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "microbatch.cli", "run", str(JOB), "--checkpoint", str(chk),
-            "--trigger", "available-now", "--param", f"output={out}",
-            "--param", f"rows={ROWS}", "--param", f"max_records_per_batch={CAP}"]
+    return [
+        sys.executable,
+        "-m",
+        "microbatch.cli",
+        "run",
+        str(JOB),
+        "--checkpoint",
+        str(chk),
+        "--trigger",
+        "available-now",
+        "--param",
+        f"output={out}",
+        "--param",
+        f"rows={ROWS}",
+        "--param",
+        f"max_records_per_batch={CAP}",
+    ]
 
 
 def expected() -> pl.DataFrame:
-    src = GeneratorSource(rows_per_second=None, total_rows=ROWS, seed=7, cards=1_000,
-                          start="2026-01-01T00:00:00+00:00")
+    src = GeneratorSource(
+        rows_per_second=None,
+        total_rows=ROWS,
+        seed=7,
+        cards=1_000,
+        start="2026-01-01T00:00:00+00:00",
+    )
     o = src.initial_offset()
     rows = src.read(o, src.latest_offset(o, capped=False)).data
     return rows.filter(pl.col("amount") >= 20).select("event_id", "card_id", "amount", "event_time")
@@ -59,8 +77,9 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     log = tmp_path / "stderr.log"
     for _attempt in range(40):
         with log.open("wb") as err:
-            proc = subprocess.Popen(command(chk, out), stdout=subprocess.DEVNULL, stderr=err,
-                                    cwd=ROOT)
+            proc = subprocess.Popen(
+                command(chk, out), stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT
+            )
             try:
                 proc.wait(timeout=rng.uniform(0.4, 1.6))
             except subprocess.TimeoutExpired:

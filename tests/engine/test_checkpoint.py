@@ -54,9 +54,7 @@ def test_batch_log_refuses_overwrite_and_finds_gaps(tmp_path: Path) -> None:
         (lambda p: p.write_bytes(p.read_bytes()[:20]), "not valid JSON"),
         (lambda p: p.write_text("{}"), "not a microbatch checkpoint file"),
         (
-            lambda p: p.write_text(
-                json.dumps({**json.loads(p.read_text()), "format": 99})
-            ),
+            lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "format": 99})),
             "newer than the format",
         ),
     ],
@@ -125,7 +123,8 @@ def test_lock_of_killed_process_does_not_block(chk: Path, table_name: str) -> No
         """
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "started" in proc.stdout and proc.returncode == -9
+    assert "started" in proc.stdout
+    assert proc.returncode == -9
     assert (chk / "lock").exists()
     src = mb.read_memory(schema={"x": pl.Int64})
     src.add({"x": [1]})

@@ -54,7 +54,8 @@ def test_write_ahead_and_commit_entries(chk: Path, table_name: str) -> None:
     for n, (start, end) in enumerate([(0, 2), (2, 4), (4, 5)]):
         entry = read_json(chk / "offsets" / str(n), "offsets")
         assert entry["sources"]["0"] == {"start": start, "end": end}
-        assert entry["batch_id"] == n and "fingerprint" in entry
+        assert entry["batch_id"] == n
+        assert "fingerprint" in entry
         assert read_json(chk / "commits" / str(n), "commits")["batch_id"] == n
     assert not (chk / "offsets" / "3").exists()
     assert mb.table(table_name)["x"].to_list() == [1, 2, 3, 4, 5]
@@ -124,20 +125,27 @@ def test_processing_time_trigger_aligns_and_picks_up_new_files(
     assert sorted(mb.table(table_name)["x"].to_list()) == [1, 2]
     stamps = [p["timestamp_ms"] for p in query.recent_progress]
     # batches start on 200 ms boundaries of the wall clock (no drift)
-    assert all(abs((s % 200)) < 60 or abs(s % 200 - 200) < 60 for s in stamps[1:]), stamps
+    assert all(abs(s % 200) < 60 or abs(s % 200 - 200) < 60 for s in stamps[1:]), stamps
 
 
 def test_generator_source_end_to_end_equals_one_shot(chk: Path, table_name: str) -> None:
-    params = {"total_rows": 50_000, "rows_per_second": None, "seed": 7, "cards": 500,
-              "max_records_per_batch": 12_345, "start": "2026-01-01T00:00:00+00:00"}
+    params = {
+        "total_rows": 50_000,
+        "rows_per_second": None,
+        "seed": 7,
+        "cards": 500,
+        "max_records_per_batch": 12_345,
+        "start": "2026-01-01T00:00:00+00:00",
+    }
     stream = mb.generate(**params).filter(pl.col("amount") > 50).select("event_id", "card_id")
     query = stream.write_memory(table_name).start(chk, trigger="available-now")
     query.await_termination(60)
     source = GeneratorSource(**params)
     start = source.initial_offset()
     oracle = (
-        source.read(start, source.latest_offset(start, capped=False)).data
-        .filter(pl.col("amount") > 50).select("event_id", "card_id")
+        source.read(start, source.latest_offset(start, capped=False))
+        .data.filter(pl.col("amount") > 50)
+        .select("event_id", "card_id")
     )
     assert mb.table(table_name).equals(oracle)
     assert len(query.recent_progress) == 5
@@ -171,7 +179,8 @@ def test_failure_in_batch_surfaces_and_batch_is_not_committed(chk: Path, table_n
     with pytest.raises(mb.QueryTerminatedError, match="user code failed"):
         query.await_termination(30)
     assert isinstance(query.exception, ValueError)
-    assert (chk / "offsets" / "0").exists() and not (chk / "commits" / "0").exists()
+    assert (chk / "offsets" / "0").exists()
+    assert not (chk / "commits" / "0").exists()
 
 
 def test_progress_records_are_json_and_bounded(chk: Path, table_name: str) -> None:

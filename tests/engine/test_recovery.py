@@ -15,11 +15,25 @@ import microbatch as mb
 from microbatch.faults import InjectedFault
 from microbatch.sources.generator import GeneratorSource
 
-PARAMS = {"total_rows": 20_000, "rows_per_second": None, "seed": 11, "cards": 100,
-          "max_records_per_batch": 3_000, "start": "2026-01-01T00:00:00+00:00"}
+PARAMS = {
+    "total_rows": 20_000,
+    "rows_per_second": None,
+    "seed": 11,
+    "cards": 100,
+    "max_records_per_batch": 3_000,
+    "start": "2026-01-01T00:00:00+00:00",
+}
 
-LIFECYCLE_POINTS = ["after_plan", "after_write_ahead", "after_read", "after_execute",
-                    "sink.after_data", "after_sink", "after_commit", "after_report"]
+LIFECYCLE_POINTS = [
+    "after_plan",
+    "after_write_ahead",
+    "after_read",
+    "after_execute",
+    "sink.after_data",
+    "after_sink",
+    "after_commit",
+    "after_report",
+]
 
 
 def expected_rows() -> pl.DataFrame:
@@ -73,11 +87,14 @@ def test_recovered_batch_reuses_recorded_range(
     monkeypatch.delenv("MICROBATCH_FAULT")
     bigger = {**PARAMS, "max_records_per_batch": 50_000}
     stream = mb.generate(**bigger).filter(pl.col("amount") > 20)
-    query = stream.select("event_id", "card_id", "amount").write_parquet(out).start(
-        chk, trigger="available-now"
+    query = (
+        stream.select("event_id", "card_id", "amount")
+        .write_parquet(out)
+        .start(chk, trigger="available-now")
     )
     query.await_termination(60)
     first = query.recent_progress[0]
-    assert first["batch_id"] == 0 and first["recovered"] is True
+    assert first["batch_id"] == 0
+    assert first["recovered"] is True
     assert first["input_rows"] == 3_000
     assert mb.read_parquet_output(out).sort("event_id").equals(expected_rows())

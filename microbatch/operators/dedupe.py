@@ -1,0 +1,143 @@
+"""``drop_duplicates(subset, within=...)``: the first row per key, state bounded
+by the watermark.
+
+A row is dropped as a duplicate when a row with the same ``subset`` values
+was kept before and is still remembered; the kept
+row's key is remembered until the watermark passes its event time +
+``within``. A row whose event time is at or before the watermark in force is
+late (counted, late output): its duplicates may already have been forgotten.
+Vectorized: one ``unique`` per batch, one lookup and one upsert of the batch's
+new keys, and eviction that costs the keys expired.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from microbatch.aggregates import TIME
+from microbatch.exceptions import PlanError
+from microbatch.operators.base import (
+    LATE_REASON,
+    OperatorContext,
+    StatefulOperator,
+    check_signature,
+)
+from microbatch.operators.window_agg import _read_schema, _write_schema
+from microbatch.watermark import event_time_ms
+
+if TYPE_CHECKING:
+    from statestore import StateStore, StateStoreProvider
+
+EXPIRES = "__expires"
+
+
+class Deduplicate(StatefulOperator):
+    """Keeps the first row of each ``subset`` key within ``within_ms`` of event time."""
+
+    def __init__(
+        self, *, operator_id: str, subset: list[str], within_ms: int, time_column: str
+    ) -> None:
+        self.operator_id = operator_id
+        self.subset = subset
+        self.within_ms = within_ms
+        self.time_column = time_column
+        self.state_dir: Path | None = None
+        self.provider: StateStoreProvider | None = None
+        self.store: StateStore | None = None
+
+    def signature(self) -> dict[str, Any]:
+        return {
+            "kind": "deduplicate",
+            "subset": self.subset,
+            "within_ms": self.within_ms,
+            "time_column": self.time_column,
+        }
+
+    def open(self, state_dir: Path | None, batch_id: int) -> None:
+        self.state_dir = state_dir
+        if state_dir is not None:
+            check_signature(state_dir, self.signature())
+            if (state_dir / "schema.arrow").exists():
+                self._make_provider(_read_schema(state_dir / "schema.arrow"))
+
+    def _make_provider(self, schema: dict[str, Any]) -> None:
+        from statestore import StateStoreProvider
+
+        assert self.state_dir is not None
+        self.provider = StateStoreProvider(
+            self.state_dir,
+            key_schema=schema["keys"],
+            value_schema=schema["values"],
+            time_column=EXPIRES,
+        )
+
+    def _load(self, df: pl.DataFrame, batch_id: int) -> StateStore | None:
+        if self.provider is None:
+            if df.width == 0:
+                return None
+            missing = [c for c in self.subset if c not in df.columns]
+            if missing:
+                raise PlanError(
+                    f"drop_duplicates subset {missing} are not columns of the stream; "
+                    f"it has {df.columns}"
+                )
+            schema = {
+                "keys": {c: df.schema[c] for c in self.subset},
+                "values": {EXPIRES: pl.Int64},
+                "out_time": None,
+            }
+            assert self.state_dir is not None
+            _write_schema(self.state_dir / "schema.arrow", schema)
+            self._make_provider(schema)
+        assert self.provider is not None
+        self.store = self.provider.load(batch_id)
+        return self.store
+
+    def commit(self) -> None:
+        if self.store is not None:
+            self.store.commit()
+
+    def abort(self) -> None:
+        if self.store is not None:
+            self.store.abort()
+            self.store = None
+
+    def metrics(self) -> dict[str, Any]:
+        return dict(self.store.metrics) if self.store is not None else {}
+
+    def process(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
+        store = self._load(df, ctx.batch_id)
+        if store is None or df.width == 0:
+            return df
+        wm = ctx.watermark_ms
+        rows = df.with_columns(event_time_ms(self.time_column, df.schema).alias(TIME))
+        late_expr = pl.col(TIME).is_null()
+        reason = pl.when(pl.col(TIME).is_null()).then(
+            pl.lit(f"event time {self.time_column!r} is null")
+        )
+        if wm is not None:
+            late_expr = late_expr | (pl.col(TIME) <= wm)
+            reason = reason.otherwise(
+                pl.format("event time {} is at or before watermark {}", pl.col(TIME), pl.lit(wm))
+            )
+        rows = rows.with_columns(late_expr.alias("__late"))
+        late = rows.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
+        if late.height:
+            ctx.late_rows.append(late)
+        if wm is not None:  # keys older than `within` before the watermark are forgotten
+            store.pop_expired(wm)
+        first = rows.filter(~pl.col("__late")).unique(
+            self.subset, keep="first", maintain_order=True
+        )
+        seen = store.lookup(first.select(self.subset))["__found"]
+        new = first.filter(~seen)
+        store.upsert(new.select(*self.subset, (pl.col(TIME) + self.within_ms).alias(EXPIRES)))
+        ctx.metrics[self.operator_id] = {
+            **store.metrics,
+            "late_rows": late.height,
+            "duplicates_dropped": df.height - late.height - new.height,
+        }
+        return new.drop(TIME, "__late")

@@ -1,0 +1,263 @@
+"""The on-disk versions of a store: checksummed Arrow IPC files, written atomically.
+
+Layout under the store directory::
+
+    changelog/<version>.arrow   what version changed: deleted keys, then upserted rows
+    snapshot/<version>.arrow    every live row of version
+
+Every file is a plain Arrow IPC file (compressed) whose schema metadata holds
+the format version, the kind, the version number and the SHA-256 of the file
+itself computed with the digest's two copies (header and footer schema)
+replaced by a fixed placeholder. A reader restores the placeholder and checks
+the digest, so any flipped or missing byte is detected.
+
+Writes go to a temp file in the same directory, are fsync'ed, renamed over the
+target and the directory is fsync'ed: a reader sees the old file or the whole
+new one. A version is committed once its changelog file exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import polars as pl
+import pyarrow as pa
+
+from statestore.exceptions import StateCorruptError, StateStoreError
+
+FORMAT_VERSION = 1
+Kind = Literal["changelog", "snapshot"]
+KINDS: tuple[Kind, Kind] = ("changelog", "snapshot")
+
+_PLACEHOLDER = hashlib.sha256(b"statestore checksum placeholder").hexdigest().encode()
+_M_FORMAT = b"statestore.format"
+_M_KIND = b"statestore.kind"
+_M_VERSION = b"statestore.version"
+_M_DIGEST = b"statestore.sha256"
+_TMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a create, rename or unlink inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pieces(raw: memoryview, at: list[int], middle: bytes) -> list[memoryview | bytes]:
+    """``raw`` with the 64 bytes at each offset in ``at`` replaced by ``middle``."""
+    out: list[memoryview | bytes] = []
+    start = 0
+    for offset in at:
+        out += [raw[start:offset], middle]
+        start = offset + len(middle)
+    out.append(raw[start:])
+    return out
+
+
+def _digest_offsets(raw: bytes, needle: bytes) -> list[int]:
+    # The schema (with its metadata) is written before the data and again in the
+    # footer after it: the first and last occurrences, whatever the data holds.
+    first, last = raw.find(needle), raw.rfind(needle)
+    return sorted({first, last}) if first >= 0 else []
+
+
+def write_arrow(
+    path: Path, frame: pl.DataFrame, *, kind: Kind, version: int, compression: str | None
+) -> int:
+    """Atomically write ``frame`` as a checksummed Arrow IPC file; return its size."""
+    table = frame.to_arrow()
+    table = table.replace_schema_metadata(
+        {
+            _M_FORMAT: str(FORMAT_VERSION).encode(),
+            _M_KIND: kind.encode(),
+            _M_VERSION: str(version).encode(),
+            _M_DIGEST: _PLACEHOLDER,
+        }
+    )
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
+        writer.write_table(table, max_chunksize=1 << 20)
+    raw = sink.getvalue().to_pybytes()
+    offsets = _digest_offsets(raw, _PLACEHOLDER)
+    digest = hashlib.sha256(raw).hexdigest().encode()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for piece in _pieces(memoryview(raw), offsets, digest):
+            view = memoryview(piece)
+            while view:
+                view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return len(raw)
+
+
+def read_arrow(
+    path: Path, *, kind: Kind, version: int, schema: dict[str, pl.DataType]
+) -> pl.DataFrame:
+    """Read and verify a file written by :func:`write_arrow`.
+
+    Raises StateCorruptError naming ``path`` when it is missing, truncated, fails
+    its checksum or is not this kind/version of state file, and StateStoreError
+    when it holds other columns than ``schema`` (the store's schema changed).
+    """
+    advice = (
+        "Restore the file from a backup, or load an older version / start the "
+        "operator on a new state directory (its state is lost)."
+    )
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise StateCorruptError(f"state file {path} is missing. {advice}") from exc
+    except OSError as exc:
+        raise StateCorruptError(f"cannot read state file {path}: {exc}. {advice}") from exc
+    try:
+        reader = pa.ipc.open_file(pa.py_buffer(raw))
+        meta = reader.schema.metadata or {}
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise StateCorruptError(
+            f"state file {path} is not a readable Arrow IPC file ({exc}); it is truncated "
+            f"or corrupted. {advice}"
+        ) from exc
+    if not {_M_FORMAT, _M_KIND, _M_VERSION, _M_DIGEST} <= meta.keys():
+        raise StateCorruptError(
+            f"state file {path} lacks the state store's metadata: it was not written by "
+            f"statestore. {advice}"
+        )
+    if int(meta[_M_FORMAT]) > FORMAT_VERSION:
+        raise StateStoreError(
+            f"state file {path} has format {int(meta[_M_FORMAT])}, newer than the format "
+            f"{FORMAT_VERSION} this statestore reads; upgrade the package."
+        )
+    digest = meta[_M_DIGEST]
+    hasher = hashlib.sha256()
+    for piece in _pieces(memoryview(raw), _digest_offsets(raw, digest), _PLACEHOLDER):
+        hasher.update(piece)
+    if hasher.hexdigest().encode() != digest:
+        raise StateCorruptError(
+            f"state file {path} fails its checksum: it was changed or damaged after it "
+            f"was written. {advice}"
+        )
+    if meta[_M_KIND] != kind.encode() or meta[_M_VERSION] != str(version).encode():
+        raise StateCorruptError(
+            f"state file {path} holds {meta[_M_KIND].decode()} version "
+            f"{meta[_M_VERSION].decode()}, not {kind} version {version}: it was renamed or "
+            f"copied. {advice}"
+        )
+    try:
+        frame = pl.DataFrame(reader.read_all())
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise StateCorruptError(f"state file {path} cannot be decoded ({exc}). {advice}") from exc
+    expected = dict(schema)
+    if kind == "changelog":
+        expected["__op"] = pl.Int8()
+    if dict(frame.schema) != expected:
+        raise StateStoreError(
+            f"state file {path} has columns {dict(frame.schema)}, but the store's schema is "
+            f"{expected}: the operator's state schema changed. Use a new state directory "
+            "(or the old schema)."
+        )
+    return frame
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The files that rebuild one version: a snapshot (or nothing: empty) then changelogs."""
+
+    version: int
+    snapshot: int  # 0 means start from the empty state
+    changelogs: tuple[int, ...]
+
+
+class VersionFiles:
+    """Lists, plans, purges and discards the version files of one store directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.dirs = {kind: directory / kind for kind in KINDS}
+        for d in self.dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        for d in self.dirs.values():
+            for leftover in d.glob(f".*{_TMP_SUFFIX}"):  # writes cut short by a crash
+                leftover.unlink(missing_ok=True)
+
+    def path(self, kind: Kind, version: int) -> Path:
+        """Where ``kind`` of ``version`` lives."""
+        return self.dirs[kind] / f"{version}.arrow"
+
+    def versions(self, kind: Kind) -> list[int]:
+        """Versions that have a ``kind`` file, ascending."""
+        out = []
+        for entry in os.scandir(self.dirs[kind]):
+            stem, dot, ext = entry.name.partition(".")
+            if dot and ext == "arrow" and stem.isdigit():
+                out.append(int(stem))
+        return sorted(out)
+
+    def latest(self) -> int:
+        """Newest committed version (0 when none)."""
+        return max([0, *self.versions("changelog"), *self.versions("snapshot")])
+
+    def chain(self, version: int) -> Chain:
+        """The files to rebuild ``version``; StateCorruptError when one is missing."""
+        latest = self.latest()
+        if version > latest:
+            raise StateCorruptError(
+                f"state version {version} does not exist in {self.directory}: the newest "
+                f"committed version is {latest}. Load a version <= {latest}; if the "
+                "checkpoint says this version was committed, the state directory was "
+                "replaced or truncated: restore it or start on a new checkpoint."
+            )
+        snapshot = max((s for s in self.versions("snapshot") if s <= version), default=0)
+        have = set(self.versions("changelog"))
+        needed = tuple(range(snapshot + 1, version + 1))
+        missing = [v for v in needed if v not in have]
+        if missing:
+            snapshots = self.versions("snapshot")
+            hint = f" The oldest snapshot is version {snapshots[0]}." if snapshots else ""
+            raise StateCorruptError(
+                f"state version {version} cannot be rebuilt from {self.directory}: "
+                f"{self.path('changelog', missing[0])} is missing (the chain is "
+                f"{'snapshot ' + str(snapshot) if snapshot else 'the empty state'} + changelogs "
+                f"{snapshot + 1}..{version}). Versions older than the retention are purged."
+                f"{hint} Load a newer version, restore the file from a backup, or start the "
+                "operator on a new state directory."
+            )
+        return Chain(version, snapshot, needed)
+
+    def size(self, kind: Kind, version: int) -> int:
+        """Size in bytes of a version file (0 when absent)."""
+        try:
+            return self.path(kind, version).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def _remove(self, kind: Kind, versions: list[int]) -> None:
+        for v in versions:
+            self.path(kind, v).unlink(missing_ok=True)
+        if versions:
+            fsync_dir(self.dirs[kind])
+
+    def discard_after(self, version: int) -> None:
+        """Delete every file of versions newer than ``version`` (an abandoned future)."""
+        for kind in KINDS:
+            self._remove(kind, [v for v in self.versions(kind) if v > version])
+
+    def purge(self, latest: int, retention: int) -> None:
+        """Delete files not needed to load any of the newest ``retention`` versions."""
+        oldest = max(0, latest - retention + 1)
+        base = max((s for s in self.versions("snapshot") if s <= oldest), default=0)
+        if base:
+            self._remove("snapshot", [v for v in self.versions("snapshot") if v < base])
+            self._remove("changelog", [v for v in self.versions("changelog") if v <= base])
