@@ -22,18 +22,22 @@ class WindowSpec:
     column: str
     size_ms: int
     slide_ms: int
+    allowed_lateness_ms: int = 0
 
     @property
     def is_tumbling(self) -> bool:
         return self.size_ms == self.slide_ms
 
     def describe(self) -> dict[str, object]:
-        return {
+        doc: dict[str, object] = {
             "kind": "window",
             "column": self.column,
             "size_ms": self.size_ms,
             "slide_ms": self.slide_ms,
         }
+        if self.allowed_lateness_ms:
+            doc["allowed_lateness_ms"] = self.allowed_lateness_ms
+        return doc
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,19 @@ class SessionWindowSpec:
         return {"kind": "session_window", "column": self.column, "gap_ms": self.gap_ms}
 
 
-def window(column: str, size: str | int, slide: str | int | None = None) -> WindowSpec:
+def window(
+    column: str,
+    size: str | int,
+    slide: str | int | None = None,
+    *,
+    allowed_lateness: str | int | None = None,
+) -> WindowSpec:
     """A tumbling window of ``size`` on ``column``, hopping by ``slide`` when given.
 
-    ``size`` must be a whole multiple of ``slide``.
+    ``size`` must be a whole multiple of ``slide``. ``allowed_lateness`` keeps a
+    closed window's state that much longer: rows arriving within it update the
+    window and, in append mode, the corrected row is emitted again with the
+    next ``revision``.
     """
     size_ms = parse_duration_ms(size, what="window size")
     slide_ms = size_ms if slide is None else parse_duration_ms(slide, what="window slide")
@@ -62,7 +75,12 @@ def window(column: str, size: str | int, slide: str | int | None = None) -> Wind
             f"window size {size!r} is not a multiple of slide {slide!r}; choose a slide "
             "that divides the size (e.g. size '5m', slide '1m')"
         )
-    return WindowSpec(column, size_ms, slide_ms)
+    lateness = (
+        0
+        if allowed_lateness is None
+        else parse_duration_ms(allowed_lateness, what="allowed_lateness")
+    )
+    return WindowSpec(column, size_ms, slide_ms, lateness)
 
 
 def session_window(column: str, gap: str | int) -> SessionWindowSpec:

@@ -11,6 +11,16 @@ Per batch, vectorized:
 5. emit by output mode: ``append`` pops the windows that the watermark
    closed (``window_end <= watermark``); ``update`` emits the rows merged in
    this batch and evicts closed windows; ``complete`` emits the whole state.
+
+Allowed lateness ``L`` (``mb.window(..., allowed_lateness=L)``): a window's
+state is kept until ``window_end + L <= watermark``; only rows whose oldest
+window is past that are late. In append mode a window is first emitted
+(``revision`` 0) when the watermark passes its end, and each later batch that
+changes it emits the corrected row again with the next ``revision``.
+
+Each window row carries ``__expire_at`` (the store's time column: its end
+until first emitted, then end + L) and ``__rev`` (-1 until emitted), so both
+the first emission and the final eviction cost only the rows they touch.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ if TYPE_CHECKING:
     from statestore import StateStore, StateStoreProvider
 
 WS = "__ws"
+EXPIRE = "__expire_at"
+REV = "__rev"
 
 
 class WindowAggregate(StatefulOperator):
@@ -101,6 +113,8 @@ class WindowAggregate(StatefulOperator):
                     f"does not have; it has {df.columns}"
                 )
             values.update(agg.partial_dtypes(df.schema))
+        if self.window is not None:
+            values.update({EXPIRE: pl.Int64, REV: pl.Int64})
         out_dtype = df.schema[self.window.column] if self.window else None
         return {"keys": keys, "values": values, "out_time": out_dtype}
 
@@ -116,7 +130,7 @@ class WindowAggregate(StatefulOperator):
             self.state_dir,
             key_schema=schema["keys"],
             value_schema=schema["values"],
-            time_column=WS if self.window is not None else None,
+            time_column=EXPIRE if self.window is not None else None,
         )
 
     def _load(self, df: pl.DataFrame, batch_id: int) -> StateStore | None:
@@ -191,6 +205,8 @@ class WindowAggregate(StatefulOperator):
         """
         assert self.window is not None
         spec = self.window
+        # a window is final (its rows late) once the watermark passes end + lateness
+        wm = None if wm is None else wm - spec.allowed_lateness_ms
         with_t = df.lazy().with_columns(event_time_ms(spec.column, df.schema).alias(TIME))
         newest_start = (pl.col(TIME) // spec.slide_ms) * spec.slide_ms
         oldest_end = newest_start + spec.slide_ms
@@ -199,7 +215,11 @@ class WindowAggregate(StatefulOperator):
         if wm is not None:
             late_expr = late_expr | (oldest_end <= wm)
             reason = reason.otherwise(
-                pl.format("window ending {} closed by watermark {}", oldest_end, pl.lit(wm))
+                pl.format(
+                    "window ending {} closed by watermark {}",
+                    oldest_end,
+                    pl.lit(wm + spec.allowed_lateness_ms),
+                )
             )
         marked = with_t.with_columns(late_expr.alias("__late")).collect()
         late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
@@ -236,16 +256,40 @@ class WindowAggregate(StatefulOperator):
                     pl.when(take_batch).then(b[t]).otherwise(s[t]).alias(t),
                     pl.when(take_batch).then(b[v]).otherwise(s[v]).alias(v),
                 ]
+        if self.window is not None:
+            end = pl.col(WS) + self.window.size_ms
+            first_expiry = (
+                end if self.output_mode == "append" else end + self.window.allowed_lateness_ms
+            )
+            state = state.with_columns(found[EXPIRE], found[REV])
+            both = pl.concat([partials, state], how="horizontal")
+            exprs += [
+                pl.when(hit).then(pl.col(EXPIRE)).otherwise(first_expiry).alias(EXPIRE),
+                pl.when(hit).then(pl.col(REV)).otherwise(-1).alias(REV),
+            ]
         return both.select(*keys, *exprs)
 
     def _emit(self, store: StateStore, merged: pl.DataFrame | None, wm: int | None) -> pl.DataFrame:
         if self.output_mode == "complete":
             return self._finalize(store.to_frame())
-        closed = None
-        if self.window is not None and wm is not None:
-            closed = store.pop_expired(wm - self.window.size_ms)
-        rows = closed if self.output_mode == "append" else merged
-        return self._finalize(rows if rows is not None else self.row_schema.to_frame())
+        empty = self.row_schema.to_frame()
+        due = store.pop_expired(wm) if self.window is not None and wm is not None else empty
+        if self.output_mode == "update":
+            return self._finalize(merged if merged is not None else empty)
+        if self.window is None or wm is None:
+            return self._finalize(empty)
+        # append: windows closing now (first emission) and closed windows changed again
+        closing = due.filter(pl.col(REV) < 0).with_columns(pl.lit(0, pl.Int64).alias(REV))
+        changed = empty
+        if merged is not None and self.window.allowed_lateness_ms:
+            end = pl.col(WS) + self.window.size_ms
+            changed = merged.filter((pl.col(REV) >= 0) & (end <= wm)).with_columns(pl.col(REV) + 1)
+        if self.window.allowed_lateness_ms:
+            kept_until = pl.col(WS) + self.window.size_ms + self.window.allowed_lateness_ms
+            keep = pl.concat([closing, changed]).filter(kept_until > wm)
+            if keep.height:
+                store.upsert(keep.with_columns(kept_until.alias(EXPIRE)))
+        return self._finalize(pl.concat([closing, changed]))
 
     def _finalize(self, rows: pl.DataFrame) -> pl.DataFrame:
         """State rows -> ``window_start, window_end, keys..., aggregates...``."""
@@ -258,6 +302,12 @@ class WindowAggregate(StatefulOperator):
             ]
         out += [pl.col(k) for k in self.keys]
         out += [a.finalize() for a in self.aggs]
+        if (
+            self.window is not None
+            and self.window.allowed_lateness_ms
+            and self.output_mode == "append"
+        ):
+            out.append(pl.col(REV).alias("revision"))
         sort = (["window_start"] if self.window is not None else []) + self.keys
         result = rows.select(out)
         return result.sort(sort, maintain_order=True) if result.height > 1 and sort else result

@@ -425,3 +425,51 @@ def test_generated_traffic_at_scale_equals_oracle(tmp_path: Path, kind: str) -> 
     assert got.height == want.height
     assert got.sort("ws", "card_id").equals(want.sort("ws", "card_id"))
     test.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=events, cuts=st.lists(st.integers(0, 60), max_size=8))
+def test_allowed_lateness_last_revision_equals_oracle(tmp_path_factory, rows, cuts) -> None:
+    spec = mb.window("ts", "1m", allowed_lateness="1m")
+
+    def build(src):
+        return src.with_watermark("ts", "20s").group_by(spec, "k").agg(*AGGS)
+
+    test = run_split(build, rows, [c for c in cuts if c < len(rows)], tmp_path_factory.mktemp("l"))
+    kept = not_late(frame(rows), test)
+    oracle = tumbling_or_hopping(
+        kept, time="ts", keys=["k"], size_ms=60_000, slide_ms=60_000, aggs=oracle_aggs()
+    )
+    out = test.output
+    if out.height:
+        # revisions of a window are 0, 1, 2... in batch order
+        revs = out.group_by("window_start", "k", maintain_order=True).agg(pl.col("revision"))
+        for r in revs["revision"].to_list():
+            assert r == list(range(len(r)))
+        out = out.group_by("window_start", "k", maintain_order=True).last()
+    compare(out, to_output(oracle, test.watermark_ms))
+    wms = batch_watermarks(test)
+    for row in test.late_rows.iter_rows(named=True):  # late only past end + lateness
+        end = (int(row["ts"].timestamp() * 1000) // 60_000 + 1) * 60_000
+        assert end + 60_000 <= wms[row["batch_id"]]
+    test.close()
+
+
+def test_allowed_lateness_reemits_corrected_window(tmp_path: Path) -> None:
+    test = StreamTest(
+        lambda s: s.with_watermark("ts", "10s")
+        .group_by(mb.window("ts", "1m", allowed_lateness="2m"), "k")
+        .agg(pl.len().alias("n")),
+        schema=SCHEMA,
+        checkpoint=tmp_path,
+    )
+    at = test.at
+    test.add({"ts": [at("00:00:05")], "k": [1], "v": [0]}).process()
+    first = test.add({"ts": [at("00:01:30")], "k": [2], "v": [0]}).process()
+    assert first.select("k", "n", "revision").to_dicts() == [{"k": 1, "n": 1, "revision": 0}]
+    again = test.add({"ts": [at("00:00:50")], "k": [1], "v": [0]}).process()  # within 2m
+    assert again.select("k", "n", "revision").to_dicts() == [{"k": 1, "n": 2, "revision": 1}]
+    test.add({"ts": [at("00:05:00")], "k": [3], "v": [0]}).process()  # wm 4:50: [0,1m) final
+    test.add({"ts": [at("00:00:55")], "k": [1], "v": [0]}).process()
+    assert test.late_rows.height == 1
+    test.close()
