@@ -36,15 +36,24 @@ class WatermarkSpec:
     column: str
     delay_ms: int
     idle_timeout_ms: int | None = None
+    max_future_skew_ms: int | None = None
+    """Rows with event time more than this after the batch's processing time
+    do not advance the watermark (one clock-skewed device cannot make every
+    other row late); they are still processed and counted."""
 
     @classmethod
-    def parse(cls, column: str, delay: Any, idle_timeout: Any = None) -> WatermarkSpec:
+    def parse(
+        cls, column: str, delay: Any, idle_timeout: Any = None, max_future_skew: Any = None
+    ) -> WatermarkSpec:
         if not isinstance(column, str) or not column:
             raise PlanError(f"with_watermark needs a column name, got {column!r}")
         return cls(
             column,
             parse_duration_ms(delay, what="with_watermark delay"),
             None if idle_timeout is None else parse_duration_ms(idle_timeout, what="idle_timeout"),
+            None
+            if max_future_skew is None
+            else parse_duration_ms(max_future_skew, what="max_future_skew"),
         )
 
 
@@ -88,14 +97,10 @@ class WatermarkTracker:
             if PARTITION_COLUMN in df.columns
             else pl.lit("0")
         )
-        maxima = (
-            df.lazy()
-            .select(part.alias("p"), ts.alias("t"))
-            .drop_nulls("t")
-            .group_by("p")
-            .agg(pl.col("t").max())
-            .collect()
-        )
+        rows = df.lazy().select(part.alias("p"), ts.alias("t")).drop_nulls("t")
+        if spec.max_future_skew_ms is not None:
+            rows = rows.filter(pl.col("t") <= batch_timestamp_ms + spec.max_future_skew_ms)
+        maxima = rows.group_by("p").agg(pl.col("t").max()).collect()
         seen = self.partitions[node_id]
         for p, t in maxima.iter_rows():  # one row per partition, not per record
             entry = seen.setdefault(str(p), {"max": int(t), "seen": batch_timestamp_ms})

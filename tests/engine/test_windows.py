@@ -473,3 +473,27 @@ def test_allowed_lateness_reemits_corrected_window(tmp_path: Path) -> None:
     test.add({"ts": [at("00:00:55")], "k": [1], "v": [0]}).process()
     assert test.late_rows.height == 1
     test.close()
+
+
+def test_one_future_event_does_not_make_everything_late(tmp_path: Path) -> None:
+    def run(skew):
+        test = StreamTest(
+            lambda s: s.with_watermark("ts", "10s", max_future_skew=skew)
+            .group_by(mb.window("ts", "1m"), "k")
+            .agg(pl.len().alias("n")),
+            schema=SCHEMA,
+            checkpoint=tmp_path / str(skew),
+        )
+        test.advance_clock(60)  # processing time 00:01:00 on the start day
+        at = test.at
+        test.add({"ts": [at("00:00:10"), at("00:00:20", day=300)], "k": [1, 1], "v": [0, 0]})
+        test.process()
+        test.add({"ts": [at("00:00:30")], "k": [1], "v": [0]}).process()
+        return test
+
+    guarded, unguarded = run("1h"), run(None)
+    assert guarded.late_rows.height == 0
+    assert guarded.watermark_ms == int(guarded.at("00:00:20").timestamp() * 1000)
+    assert unguarded.late_rows.height == 1  # the far-future row pushed the watermark
+    guarded.close()
+    unguarded.close()
