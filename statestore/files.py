@@ -82,7 +82,9 @@ def write_arrow(
         }
     )
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=compression)
+    # One dictionary per categorical column for the whole file (the IPC file
+    # format cannot replace dictionaries between batches).
+    options = pa.ipc.IpcWriteOptions(compression=compression, unify_dictionaries=True)
     with pa.ipc.new_file(sink, table.schema, options=options) as writer:
         writer.write_table(table, max_chunksize=1 << 20)
     raw = sink.getvalue().to_pybytes()
@@ -214,8 +216,9 @@ class VersionFiles:
         latest = self.latest()
         if version > latest:
             raise StateCorruptError(
-                f"state version {version} does not exist in {self.directory}: the newest "
-                f"committed version is {latest}. Load a version <= {latest}; if the "
+                f"state version {version} does not exist in {self.directory} (no "
+                f"{self.path('changelog', version)}): the newest committed version is "
+                f"{latest}. Load a version <= {latest}; if the "
                 "checkpoint says this version was committed, the state directory was "
                 "replaced or truncated: restore it or start on a new checkpoint."
             )
@@ -250,9 +253,18 @@ class VersionFiles:
             fsync_dir(self.dirs[kind])
 
     def discard_after(self, version: int) -> None:
-        """Delete every file of versions newer than ``version`` (an abandoned future)."""
-        for kind in KINDS:
-            self._remove(kind, [v for v in self.versions(kind) if v > version])
+        """Delete every file of versions newer than ``version`` (an abandoned future).
+
+        Newest first, snapshot before changelog: a crash midway leaves a contiguous
+        run of committed versions, never a hole.
+        """
+        newer = {v for kind in KINDS for v in self.versions(kind) if v > version}
+        for v in sorted(newer, reverse=True):
+            self.path("snapshot", v).unlink(missing_ok=True)
+            self.path("changelog", v).unlink(missing_ok=True)
+        if newer:
+            for d in self.dirs.values():
+                fsync_dir(d)
 
     def purge(self, latest: int, retention: int) -> None:
         """Delete files not needed to load any of the newest ``retention`` versions."""

@@ -3,9 +3,10 @@
 The table is a power-of-two numpy array of row slots (``EMPTY``, ``TOMBSTONE``
 or a row). Linear probing runs in *rounds*: each round looks at the current
 slot of every still-unresolved key at once (one gather), so a batch of ``n``
-keys costs O(n · mean probe length) element operations and O(max probe length)
-numpy calls, whatever the table size. Load (live + tombstones) stays <= 1/2,
-so probe sequences are short and always end at an ``EMPTY`` slot.
+keys costs O(n · mean probe length) element operations, whatever the table
+size, and O(longest probe sequence) numpy calls of shrinking size. Load
+(live + tombstones) stays <= 1/2, so probe sequences are short and always end
+at an ``EMPTY`` slot.
 
 Inserts claim free slots by scatter-then-verify: every claimant of a slot
 writes its row, one write survives, the survivor wins and the losers move to
@@ -108,6 +109,7 @@ class HashIndex:
         self.live += len(rows)
 
     def _claim(self, hashes: np.ndarray, rows: np.ndarray) -> int:
+        """Put each row in the first free slot of its probe sequence; return slots probed."""
         if rows.size and self.table.dtype == np.int32 and int(rows.max()) > _INT32_ROWS:
             self.table = self.table.astype(np.int64)
         slot = self._home(hashes)
@@ -122,7 +124,7 @@ class HashIndex:
             if free.size:
                 claim_slots = slot[free]
                 claim_rows = rows[free]
-                table[claim_slots] = claim_rows
+                table[claim_slots] = claim_rows  # every claimant writes; one write survives
                 won = table[claim_slots] == claim_rows
                 self.tombstones -= int(np.count_nonzero(current[free[won]] == TOMBSTONE))
                 keep = np.ones(rows.size, dtype=np.bool_)

@@ -83,12 +83,12 @@ class Column:
         other_valid = np.ones(len(rows), np.bool_) if valid is None else valid
         return np.where(stored_valid & other_valid, eq, stored_valid == other_valid)
 
-    def nbytes(self, live: np.ndarray) -> int:
-        """Approximate memory held, including Python objects of object columns."""
+    def nbytes(self, sample: np.ndarray, live: int) -> int:
+        """Approximate memory held; object columns estimate their objects from ``sample``."""
         total = self.values.nbytes + (0 if self.valid is None else self.valid.nbytes)
-        if not self.spec.native and live.size:
-            sample = self.values[live[:: max(1, live.size // 64)]]
-            total += int(np.mean([sys.getsizeof(v) for v in sample])) * live.size
+        if not self.spec.native and sample.size:
+            sizes = [sys.getsizeof(v) for v in self.values[sample]]  # <= 64 objects
+            total += int(np.mean(sizes) * live)
         return total
 
 
@@ -178,10 +178,8 @@ class RowStore:
         return np.flatnonzero(self.alive[: self.high])
 
     def nbytes(self) -> int:
-        """Approximate memory held by the rows, including spare capacity."""
-        live = self.live_rows() if any(not c.spec.native for c in self.columns.values()) else None
-        cols = sum(
-            c.nbytes(live if live is not None else np.empty(0, np.int64))
-            for c in self.columns.values()
-        )
+        """Approximate memory held by the rows, including spare capacity. O(1)."""
+        probe = np.linspace(0, max(self.high - 1, 0), num=min(self.high, 256)).astype(np.int64)
+        sample = probe[self.alive[probe]][:64]  # evenly spread live slots, not a scan
+        cols = sum(c.nbytes(sample, self.live) for c in self.columns.values())
         return cols + self.alive.nbytes + self.hashes.nbytes + self._free.nbytes

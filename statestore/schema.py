@@ -82,7 +82,7 @@ class ColumnSpec:
                 filler = False if self.dtype == pl.Boolean else 0
                 return phys.fill_null(filler).to_numpy().astype(self.np_dtype, copy=False), valid
             return phys.to_numpy().astype(self.np_dtype, copy=False), None
-        if isinstance(self.dtype, pl.String):
+        if isinstance(self.dtype, pl.String | pl.Binary):
             return series.to_numpy().astype(object, copy=False), None
         return np.fromiter(series.to_list(), dtype=object, count=len(series)), None
 

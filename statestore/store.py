@@ -187,7 +187,8 @@ class StateStore:
             if isinstance(exc, OSError):
                 raise StateStoreError(
                     f"commit of state version {version} in {self._provider.directory} failed: "
-                    f"{exc}. Nothing was committed; reload version {version - 1} and re-run."
+                    f"{exc}. Load version {version - 1} and re-run the batch (a partly "
+                    f"written version {version} is then discarded)."
                 ) from exc
             raise
         self._version = version
@@ -324,15 +325,15 @@ class StateStore:
         if old.size:
             old_rows = found[old]
             pos = None if old.size == frame.height else old
-            retimed = None
+            new_times, moved = None, np.empty(0, dtype=np.int64)
             if self._time_name is not None and not self._time_is_key:
-                retimed = self._changed_times(old_rows, _take(parts[self._time_name], pos))
+                new_times = _take(parts[self._time_name], pos)
+                moved = self._changed_times(old_rows, new_times)  # compares with the old times
             self._rows.write(old_rows, {c.name: _take(parts[c.name], pos) for c in schema.values})
-            # NOTE: index the new times only after writing them: the time index
-            # drops entries that disagree with the row's current time when it merges.
-            if retimed is not None and retimed.size:
-                self._index_times(old_rows[retimed], self._rows.columns[self._time_name or ""]
-                                  .gather(old_rows[retimed]))
+            # NOTE: index moved rows only after their new time is written: a merge of
+            # time-index runs drops every entry that disagrees with the row's current time.
+            if new_times is not None and moved.size:
+                self._index_times(old_rows[moved], _take(new_times, moved))
             touched.append(old_rows)
         if new.size:
             pos = None if new.size == frame.height else new

@@ -169,6 +169,7 @@ def test_all_column_types_round_trip_through_disk(tmp_path: Path) -> None:
         "lst": pl.List(pl.Int64),
         "st": pl.Struct({"a": pl.Int64, "b": pl.String}),
         "en": pl.Enum(["x", "y"]),
+        "cat": pl.Categorical,
         "arr": pl.Array(pl.Int32, 2),
     }
     frame = pl.DataFrame(
@@ -191,6 +192,7 @@ def test_all_column_types_round_trip_through_disk(tmp_path: Path) -> None:
             "lst": [[1, 2], None, [], [None]],
             "st": [{"a": 1, "b": "q"}, None, {"a": None, "b": None}, {"a": 2, "b": "r"}],
             "en": ["x", None, "y", "x"],
+            "cat": ["u", None, "v", "u"],
             "arr": [[1, 2], None, [3, 4], [5, 6]],
         },
         schema={**keys, **values},
@@ -203,9 +205,19 @@ def test_all_column_types_round_trip_through_disk(tmp_path: Path) -> None:
     assert found["__found"].all()  # -0.0 finds 0.0, NaN finds NaN, null finds null
     assert found.drop("__found", "kf").equals(frame.drop("kf"))
     store.commit()
-    reloaded = StateStoreProvider(tmp_path, keys, values).load(1).to_frame()
-    assert reloaded.schema == frame.schema
-    assert reloaded.sort("kf").equals(frame.sort("kf"))
+    reloaded = StateStoreProvider(tmp_path, keys, values).load(1)
+    assert reloaded.to_frame().schema == frame.schema
+    assert reloaded.to_frame().sort("kf").equals(frame.sort("kf"))
+    # A changelog mixing deleted keys and upserted rows (two dictionaries per column).
+    reloaded.delete(frame.head(1))
+    changed = frame.tail(1).with_columns(
+        kc=pl.lit("new", dtype=pl.Categorical), cat=pl.lit("w", dtype=pl.Categorical)
+    )
+    reloaded.upsert(changed)
+    reloaded.commit()
+    expected = pl.concat([frame.slice(1), changed]).sort("kf", "kc")
+    again = StateStoreProvider(tmp_path, keys, values).load(2).to_frame()
+    assert again.sort("kf", "kc").equals(expected)
 
 
 def test_many_rows_with_resizes_and_tombstones_match_polars(tmp_path: Path) -> None:
@@ -216,10 +228,14 @@ def test_many_rows_with_resizes_and_tombstones_match_polars(tmp_path: Path) -> N
     expected = pl.DataFrame(schema={"a": pl.Int64, "b": pl.String, "v": pl.Int64})
     for step in range(12):
         ids = np.unique(rng.integers(0, 6000, size=3000))
-        batch = pl.DataFrame({"a": ids // 7, "b": (ids % 7).astype(str), "v": rng.integers(0, 9, ids.size)})
+        batch = pl.DataFrame(
+            {"a": ids // 7, "b": (ids % 7).astype(str), "v": rng.integers(0, 9, ids.size)}
+        )
         store.upsert(batch)
         expected = pl.concat([expected.join(batch, on=["a", "b"], how="anti"), batch])
-        gone = pl.DataFrame({"a": rng.integers(0, 900, 1500), "b": rng.integers(0, 7, 1500).astype(str)})
+        gone = pl.DataFrame(
+            {"a": rng.integers(0, 900, 1500), "b": rng.integers(0, 7, 1500).astype(str)}
+        )
         store.delete(gone)
         expected = expected.join(gone, on=["a", "b"], how="anti")
         if step % 4 == 3:

@@ -58,8 +58,8 @@ def test_steady_state_load_reuses_the_in_memory_version(tmp_path: Path) -> None:
     store = provider.load(0)
     store.upsert(rows(k=[1], v=[1]))
     store.commit()
-    assert provider.load(1) is store
-    assert store.metrics["load_ms"] < 50
+    assert provider.load(1) is store  # no rebuild: the same object, already version 1
+    assert store.metrics["rows_read"] == 0
 
 
 def test_abort_discards_staged_changes_and_reloads_from_disk(tmp_path: Path) -> None:
@@ -183,7 +183,9 @@ def test_retention_keeps_exactly_the_files_needed(tmp_path: Path) -> None:
         shutil.copytree(tmp_path, copy)  # loading an older version discards newer ones
         expected = {v % 5: v for v in range(1, version + 1)}
         assert content(make_provider(copy), version) == expected
-    with pytest.raises(StateCorruptError, match="changelog/1.arrow is missing.*oldest snapshot is version 16"):
+    with pytest.raises(
+        StateCorruptError, match=r"changelog/1\.arrow is missing.*oldest snapshot is version 16"
+    ):
         make_provider(tmp_path).load(15)
 
 

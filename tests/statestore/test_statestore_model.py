@@ -103,7 +103,9 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.model.as_dict(out) == expired
         order = [
             tuple((x is not None, x if x is not None else 0) for x in (r[self.TIME], *keys))
-            for r, keys in zip(out.iter_rows(named=True), out.select(list(self.KEYS)).rows())
+            for r, keys in zip(
+                out.iter_rows(named=True), out.select(list(self.KEYS)).rows(), strict=True
+            )
         ]
         assert order == sorted(order)  # by time, then key; nulls first
         for k in expired:
