@@ -21,7 +21,9 @@ class MemoryStream(Stream):
         super().__init__(SourceNode(source))
         self.source = source
 
-    def add(self, rows: pl.DataFrame | Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> int:
+    def add(
+        self, rows: pl.DataFrame | Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
+    ) -> int:
         """Append rows; returns the source's new end offset."""
         return self.source.add(rows)
 
@@ -46,15 +48,20 @@ def read_memory(
     [2, 3]
     """
     return MemoryStream(
-        MemorySource(data, schema=schema, max_records_per_batch=max_records_per_batch, name=name,
-                     partition_column=partition_column)
+        MemorySource(
+            data,
+            schema=schema,
+            max_records_per_batch=max_records_per_batch,
+            name=name,
+            partition_column=partition_column,
+        )
     )
 
 
 def read_files(
     path: str | os.PathLike[str],
     *,
-    format: Literal["parquet", "json", "csv"] = "parquet",  # noqa: A002 - Spark's name
+    format: Literal["parquet", "json", "csv"] = "parquet",
     schema: pl.Schema | Mapping[str, Any] | None = None,
     max_files_per_batch: int | None = None,
     glob: str | None = None,
@@ -67,8 +74,94 @@ def read_files(
     from microbatch.sources.files import FileSource
 
     return stream_of(
-        FileSource(path, format=format, schema=schema, max_files_per_batch=max_files_per_batch,
-                   glob=glob)
+        FileSource(
+            path, format=format, schema=schema, max_files_per_batch=max_files_per_batch, glob=glob
+        )
+    )
+
+
+def read_kafka(
+    topics: str | Sequence[str],
+    *,
+    bootstrap: str,
+    format: Literal["json", "csv", "raw"] = "json",
+    schema: pl.Schema | Mapping[str, Any] | None = None,
+    starting_offsets: Literal["earliest", "latest"] | int | Mapping[Any, int] = "earliest",
+    max_records_per_batch: int | None = None,
+    config: Mapping[str, Any] | None = None,
+    on_data_loss: Literal["fail", "skip"] = "fail",
+    commit_group: str | None = None,
+    metadata_columns: Sequence[str] = ("key", "topic", "partition", "offset", "timestamp"),
+    broker_timeout: str | int = "2m",
+) -> Stream:
+    """A stream over Kafka topics; offsets ``{"topic:partition": offset}`` live in the checkpoint.
+
+    Each batch reads exactly its recorded offset range per partition (replays
+    read the same records); values are decoded in bulk (``json``, ``csv``, or
+    ``raw`` bytes) and malformed ones go to the dead-letter output with
+    ``topic:partition@offset``. Columns: the schema's, then ``key, topic,
+    partition, offset, timestamp``. Watermarks are per Kafka partition.
+    See :class:`microbatch.sources.kafka.KafkaSource` for every option.
+
+    Examples
+    --------
+    >>> tx = mb.read_kafka("payments", bootstrap="127.0.0.1:9092",
+    ...                    schema={"card_id": pl.Int64})  # doctest: +SKIP
+    """
+    from microbatch.sources.kafka import KafkaSource
+
+    return stream_of(
+        KafkaSource(
+            topics,
+            bootstrap=bootstrap,
+            format=format,
+            schema=schema,
+            starting_offsets=starting_offsets,
+            max_records_per_batch=max_records_per_batch,
+            config=config,
+            on_data_loss=on_data_loss,
+            commit_group=commit_group,
+            metadata_columns=metadata_columns,
+            broker_timeout=broker_timeout,
+        )
+    )
+
+
+def read_delta(
+    path: str | os.PathLike[str],
+    *,
+    starting_version: int | None = None,
+    starting_timestamp: datetime | str | None = None,
+    max_files_per_batch: int | None = None,
+    ignore_changes: bool = False,
+    storage_options: Mapping[str, str] | None = None,
+) -> Stream:
+    """A stream of the rows appended to a Delta table, version by version.
+
+    The table's commits are the log: each batch reads the data files added
+    by a recorded range of versions, so replays read the same rows. New
+    commits are picked up by later batches; compaction commits are skipped.
+    A version that deletes, updates, merges or overwrites stops the query
+    with a :class:`~microbatch.SourceError` naming it, unless
+    ``ignore_changes=True`` (then the rewritten files' rows are emitted
+    again). Default start: version 0, the whole history. See
+    :mod:`microbatch.sources.delta`.
+
+    Examples
+    --------
+    >>> tx = mb.read_delta("lake/transactions", max_files_per_batch=100)  # doctest: +SKIP
+    """
+    from microbatch.sources.delta import DeltaSource
+
+    return stream_of(
+        DeltaSource(
+            path,
+            starting_version=starting_version,
+            starting_timestamp=starting_timestamp,
+            max_files_per_batch=max_files_per_batch,
+            ignore_changes=ignore_changes,
+            storage_options=dict(storage_options) if storage_options else None,
+        )
     )
 
 
@@ -98,9 +191,17 @@ def generate(
 
     return stream_of(
         GeneratorSource(
-            rows_per_second=rows_per_second, total_rows=total_rows, cards=cards, zipf=zipf,
-            partitions=partitions, max_delay=max_delay, late_fraction=late_fraction,
-            late_by=late_by, start=start, seed=seed, max_records_per_batch=max_records_per_batch,
+            rows_per_second=rows_per_second,
+            total_rows=total_rows,
+            cards=cards,
+            zipf=zipf,
+            partitions=partitions,
+            max_delay=max_delay,
+            late_fraction=late_fraction,
+            late_by=late_by,
+            start=start,
+            seed=seed,
+            max_records_per_batch=max_records_per_batch,
         )
     )
 

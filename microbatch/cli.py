@@ -313,9 +313,11 @@ class DemoTable(LiveLine):
         super().__init__("demo")
         self.seconds = seconds
         self.records: list[dict[str, Any]] = []
+        self.late_rows = 0
 
     def batch(self, record: dict[str, Any], stats: RunStats) -> None:
         self.records = [*self.records[-7:], record]
+        self.late_rows += record.get("late_rows") or 0
 
     def render(self, stats: RunStats, query: StreamingQuery) -> Any:
         elapsed = time.monotonic() - stats.started
@@ -325,7 +327,8 @@ class DemoTable(LiveLine):
             ("demo ", "bold"), (query.status["message"], "green" if query.is_active else "dim"),
             f"  {elapsed:.0f}s{limit} · {stats.batches} batches · "
             f"{_fmt_int(stats.input_rows)} in · {_fmt_int(stats.output_rows)} out · "
-            f"{_fmt_int(rate)} rows/s",
+            f"{_fmt_int(rate)} rows/s · late {_fmt_int(self.late_rows)}"
+            + (f" · watermark lag {lag / 1000:.1f}s" if (lag := _watermark_lag(stats)) else ""),
         )
         table = Table(box=box.SIMPLE_HEAD, header_style="bold", padding=(0, 1), pad_edge=False,
                       collapse_padding=True, show_edge=False, caption="step times in ms",
@@ -341,6 +344,11 @@ class DemoTable(LiveLine):
                 f"{durations.get('total', 0):.1f}",
             )
         return Group(head, table)
+
+
+def _watermark_lag(stats: RunStats) -> float | None:
+    last = stats.last or {}
+    return last.get("watermark_lag_ms")
 
 
 _STEP_TITLES = ("plan", "wal", "read", "exec", "sink", "commit")
@@ -636,16 +644,16 @@ def demo(
     ] = Path("demo-output/checkpoint"),
     output: Annotated[
         Path, typer.Option(metavar="DIR", help="Where the Parquet output goes.")
-    ] = Path("demo-output/transactions"),
+    ] = Path("demo-output/alerts"),
     rows_per_second: Annotated[float, typer.Option(min=1, metavar="N",
                                                   help="Generated rows per second.")]
-    = 20_000,
+    = 5_000,
     seconds: Annotated[float, typer.Option(min=0, metavar="N",
                                            help="Stop after N seconds; 0: on Ctrl-C.")]
-    = 20,
+    = 30,
     trigger: Annotated[str, typer.Option(metavar="TRIGGER", help="Batch interval.")] = "1s",
 ) -> None:
-    """Run the built-in demo: generated card transactions -> Parquet, no services needed."""
+    """Run the built-in demo: fraud alerts over generated card payments, no services needed."""
     from microbatch import demo as demo_job
 
     try:
@@ -667,7 +675,7 @@ def demo(
     out_dir, chk_dir = output.expanduser().resolve(), Path(query.checkpoint)
     out.print(
         f"\n[bold green]demo finished[/]: {stats.batches} batches, {stats.input_rows:,} rows "
-        f"generated, {stats.output_rows:,} rows written in this run.\n"
+        f"generated, {stats.output_rows:,} alerts written in this run.\n"
         f"  output:     {escape(str(out_dir))}\n"
         f"  checkpoint: {escape(str(chk_dir))}  (run the demo again to continue from it; "
         f"`microbatch status {escape(str(chk_dir))}` shows its batches)\n"
@@ -675,6 +683,143 @@ def demo(
         f"  [cyan]import microbatch as mb; df = mb.read_parquet_output({str(out_dir)!r})[/]",
         soft_wrap=True,
     )
+
+
+# ------------------------------------------------------------------ backfill
+
+
+@app.command()
+def backfill(
+    job: Annotated[Path, typer.Argument(help="The job file: a .py defining build(params).",
+                                        metavar="JOB.py", show_default=False)],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help=(
+        "Checkpoint directory of the replay: a new one replays the sources from their "
+        "start; an existing one resumes an interrupted backfill."),
+        metavar="DIR", show_default=False)],
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", "-p", metavar="KEY=VALUE",
+        help="A parameter passed to build(params); repeatable.")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME",
+                                                help="A name for the query (logs, progress).")]
+    = None,
+) -> None:
+    """Replay a job over its sources' history (available-now), with progress.
+
+    Runs JOB.py exactly as `run --trigger available-now` does: every batch up to
+    what the sources hold now, the final no-data batch, then exit. For Delta
+    sources the backlog is known from the table's log: a terminal shows a
+    progress bar (rows, versions and files done of total, rate, ETA); other
+    outputs get one plain line per batch.
+    """
+    from microbatch.backfill import BackfillBar, BackfillLines, BackfillTracker
+    from microbatch.jobfile import build_writer
+
+    try:
+        with StopOnSignal() as stopper:
+            params = parse_params(param or [])
+            spec = parse_trigger("available-now")
+            writer = build_writer(job, params)
+            tracker = BackfillTracker(writer, checkpoint)
+            display = BackfillBar(tracker) if out.is_terminal else BackfillLines(tracker)
+            query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
+                                             name=name or "backfill", stopper=stopper,
+                                             display=display)
+    except _user_errors() as exc:
+        raise _fail(str(exc), getattr(exc, "code", 2)) from None
+    except OSError as exc:
+        raise _fail(f"cannot start the backfill: {exc}", 2) from None
+    if error is not None:
+        raise _query_failed(query, error, job)
+    _finish(query, stats, stopper)
+
+
+# ------------------------------------------------------------------ diff
+
+
+def _print_diff(result: Any, a: str, b: str) -> None:
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column(justify="right")
+    verdict = "[green]equal[/]" if result.equal else "[red]different[/]"
+    for key, value in (
+        ("A", escape(a)), ("B", escape(b)),
+        ("key", ", ".join(result.keys) or "(whole rows)"),
+        ("rows in A", _fmt_int(result.rows_a)), ("rows in B", _fmt_int(result.rows_b)),
+        ("only in A", _fmt_int(result.only_in_a)), ("only in B", _fmt_int(result.only_in_b)),
+        ("changed", _fmt_int(result.changed)), ("result", verdict),
+    ):
+        summary.add_row(key, value)
+    out.print(summary)
+    for line in result.schema_differences:
+        out.print(f"[yellow]schema:[/] {escape(line)}")
+    if result.changed_columns:
+        out.print("changed columns: " + ", ".join(
+            f"{escape(c)} ({n:,})" for c, n in result.changed_columns.items()))
+    for title, frame in (("only in A", result.sample_only_in_a),
+                         ("only in B", result.sample_only_in_b),
+                         ("changed (A value, then B value)", result.sample_changed)):
+        if frame.height == 0:
+            continue
+        table = Table(title=f"sample: {title}", title_justify="left", box=box.SIMPLE_HEAD)
+        for col in frame.columns:
+            table.add_column(escape(col.replace("__mb_b", " (B)")), overflow="fold")
+        for row in frame.iter_rows():
+            table.add_row(*(escape("null" if v is None else str(v)) for v in row))
+        out.print(table)
+
+
+@app.command()
+def diff(
+    table_a: Annotated[str, typer.Argument(metavar="TABLE_A", show_default=False,
+                                           help="A Delta table: a path or URI (s3://...).")],
+    table_b: Annotated[str, typer.Argument(metavar="TABLE_B", show_default=False,
+                                           help="The Delta table to compare it with.")],
+    *,
+    key: Annotated[list[str] | None, typer.Option(
+        "--key", "-k", metavar="COL[,COL...]",
+        help="Columns identifying a row (repeatable or comma-separated); without, whole "
+             "rows are compared as multisets.")] = None,
+    sample: Annotated[int, typer.Option(min=0, metavar="N",
+                                        help="Rows shown per kind of difference.")] = 5,
+    tolerance: Annotated[float, typer.Option(min=0.0, metavar="X", help=(
+        "Float values within X of each other are equal."))] = 0.0,
+    rel_tolerance: Annotated[float, typer.Option(min=0.0, metavar="R", help=(
+        "Float values within R times the larger magnitude are equal (sums taken in "
+        "another order differ in the last bits); 0 compares exactly."))] = 1e-9,
+    storage_option: Annotated[list[str] | None, typer.Option(
+        "--storage-option", metavar="KEY=VALUE",
+        help="A delta-rs storage option for both tables (e.g. AWS_ENDPOINT_URL=...); "
+             "repeatable.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Compare two Delta tables: rows only in A, only in B, and changed.
+
+    Exit code 0 when the tables are equal, 1 when they differ, 2 on an error
+    (a table that cannot be read, a key column that is missing or not unique).
+    """
+    import polars as pl
+
+    from microbatch.table_diff import diff_frames
+
+    try:
+        options = parse_params(storage_option or []) or None
+        keys = [k.strip() for item in key or [] for k in item.split(",") if k.strip()]
+        frames = []
+        for uri in (table_a, table_b):
+            try:
+                frames.append(pl.read_delta(uri, storage_options=options))
+            except Exception as exc:
+                raise CliError(f"cannot read Delta table {uri}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
+        result = diff_frames(frames[0], frames[1], keys=keys, tolerance=tolerance,
+                             rel_tolerance=rel_tolerance, sample=sample)
+    except _user_errors() as exc:
+        raise _fail(str(exc), 2) from None
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json(), default=str) + "\n")
+    else:
+        _print_diff(result, table_a, table_b)
+    raise typer.Exit(0 if result.equal else 1)
 
 
 def main() -> None:

@@ -409,12 +409,16 @@ class MicroBatchExecution:
         if not backlog or not capped:
             return
         ranges: dict[str, tuple[Offset, Offset]] = {}
-        for sid, (_, end) in batch.ranges.items():
-            source = self.sources[sid]
-            nxt = source.latest_offset(end, capped=True)
-            if bounds is not None and sid in bounds:
-                nxt = source.bound(nxt, bounds[sid])
-            ranges[sid] = (end, nxt if source.compare(nxt, end) > 0 else end)
+        try:
+            for sid, (_, end) in batch.ranges.items():
+                source = self.sources[sid]
+                nxt = source.latest_offset(end, capped=True)
+                if bounds is not None and sid in bounds:
+                    nxt = source.bound(nxt, bounds[sid])
+                ranges[sid] = (end, nxt if source.compare(nxt, end) > 0 else end)
+        except Exception as exc:  # a guess failed: the next plan will ask (and raise) again
+            log.debug("no read-ahead for batch %d: %s", batch.batch_id + 1, exc)
+            return
         if any(self.sources[sid].compare(e, s) > 0 for sid, (s, e) in ranges.items()):
             self.read_ahead.start(ranges)
 

@@ -6,8 +6,9 @@ that point (for that batch id). With ``MICROBATCH_FAULT_ACTION=raise`` it
 raises :class:`InjectedFault` instead, for in-process tests.
 
 Points, in lifecycle order: ``after_plan``, ``after_write_ahead``,
-``after_read``, ``after_execute``, ``sink.after_data`` (inside sinks that
-have it), ``after_sink``, ``after_state_commit``, ``after_commit``,
+``after_read``, ``after_execute``, ``sink.after_data`` /
+``sink.before_commit`` / ``sink.after_commit`` (inside sinks that have them),
+``after_sink``, ``after_state_commit``, ``after_commit``,
 ``after_report``.
 """
 
@@ -22,6 +23,8 @@ POINTS = (
     "after_read",
     "after_execute",
     "sink.after_data",
+    "sink.before_commit",
+    "sink.after_commit",
     "after_sink",
     "after_state_commit",
     "after_commit",

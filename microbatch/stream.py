@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 
@@ -13,6 +13,7 @@ from microbatch.exceptions import PlanError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan import (
     AggregateNode,
+    DedupeNode,
     PlanNode,
     SourceNode,
     Step,
@@ -26,6 +27,7 @@ from microbatch.watermark import WatermarkSpec
 from microbatch.windows import SessionWindowSpec, WindowSpec
 from microbatch.writer import DataStreamWriter
 from sinks.base import OutputMode, Sink
+from sinks.delta import SchemaMode
 
 IntoExpr = pl.Expr | str | Any
 
@@ -65,7 +67,12 @@ class Stream:
     # ---------------------------------------------------------- event time
 
     def with_watermark(
-        self, column: str, delay: str | int, *, idle_timeout: str | int | None = None
+        self,
+        column: str,
+        delay: str | int,
+        *,
+        idle_timeout: str | int | None = None,
+        max_future_skew: str | int | None = None,
     ) -> Stream:
         """Declare ``column`` as event time, tolerating ``delay`` of disorder.
 
@@ -73,8 +80,14 @@ class Stream:
         seen minus ``delay``; the watermark is the minimum over partitions
         that had rows within ``idle_timeout`` (processing time), and never
         moves backwards. Batch N uses the value computed after batch N-1.
+        ``max_future_skew``: rows timestamped further than this ahead of the
+        batch's processing time are processed but do not move the watermark.
         """
-        return self._with_plan(WatermarkNode(self._plan, WatermarkSpec.parse(column, delay, idle_timeout)))
+        return self._with_plan(
+            WatermarkNode(
+                self._plan, WatermarkSpec.parse(column, delay, idle_timeout, max_future_skew)
+            )
+        )
 
     def group_by(self, *keys: str | WindowSpec | SessionWindowSpec) -> GroupedStream:
         """Group by an optional ``mb.window``/``mb.session_window`` and key columns."""
@@ -89,6 +102,23 @@ class Stream:
         if len(windows) > 1:
             raise PlanError("group_by takes at most one window")
         return GroupedStream(self, windows[0] if windows else None, tuple(names))
+
+    def drop_duplicates(self, subset: str | Sequence[str], *, within: str | int) -> Stream:
+        """Keep the first row per ``subset`` key; forget a key once the watermark
+        passes its event time + ``within`` (needs ``with_watermark`` before)."""
+        from microbatch.durations import parse_duration_ms
+
+        cols = (subset,) if isinstance(subset, str) else tuple(subset)
+        marks = [n.spec for n in self._plan.walk() if isinstance(n, WatermarkNode)]
+        if not marks:
+            raise PlanError(
+                "drop_duplicates(within=...) needs .with_watermark(col, delay) before it: "
+                "without a watermark the keys seen would be kept forever"
+            )
+        if not cols:
+            raise PlanError("drop_duplicates needs at least one column in subset")
+        within_ms = parse_duration_ms(within, what="drop_duplicates within")
+        return self._with_plan(DedupeNode(self._plan, cols, within_ms, marks[0].column))
 
     def on_late(self, sink: Sink) -> Stream:
         """Write rows that arrive after their window closed to ``sink`` (a side
@@ -163,6 +193,79 @@ class Stream:
         sink = ParquetSink(path, partition_by=list(partition_by) if partition_by else None)
         return self.write_to(sink, output_mode=output_mode)
 
+    def write_kafka(
+        self,
+        topic: str,
+        *,
+        bootstrap: str,
+        key: str | pl.Expr | None = None,
+        value_format: Literal["json", "raw"] = "json",
+        headers: Mapping[str, str | pl.Expr] | None = None,
+        mode: Literal["exactly_once", "at_least_once"] = "exactly_once",
+        config: Mapping[str, Any] | None = None,
+        output_mode: OutputMode = "append",
+    ) -> DataStreamWriter:
+        """Write each batch's rows to a Kafka topic, one JSON object (or raw value) per row.
+
+        ``exactly_once``: one Kafka transaction per batch, with a marker that
+        makes a replayed batch a no-op (consumers read with
+        ``isolation.level=read_committed``). ``at_least_once``: records carry
+        ``mb_query_id``/``mb_batch_id``/``mb_row`` headers for downstream
+        dedupe. See :class:`sinks.kafka.KafkaSink`.
+        """
+        from sinks.kafka import KafkaSink
+
+        sink = KafkaSink(
+            topic,
+            bootstrap=bootstrap,
+            key=key,
+            value_format=value_format,
+            headers=headers,
+            mode=mode,
+            config=config,
+        )
+        return self.write_to(sink, output_mode=output_mode)
+
+    def write_delta(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        output_mode: OutputMode = "append",
+        partition_by: str | Sequence[str] | None = None,
+        merge_keys: str | Sequence[str] | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        schema_mode: SchemaMode | None = None,
+        optimize_every: int | None = None,
+    ) -> DataStreamWriter:
+        """Write to a Delta table, one commit per batch, exactly once.
+
+        Every commit carries the app transaction ``(query id, batch id)``, so
+        a replayed batch is a no-op. ``append`` appends, ``update`` MERGEs
+        (upserts) by ``merge_keys`` (default: the window and group keys),
+        ``complete`` overwrites. The table is created on the first batch; a
+        batch whose schema differs is refused before anything is written
+        unless ``schema_mode="merge"`` (additive evolution).
+        ``optimize_every=N`` compacts small files every N batches. See
+        :class:`sinks.delta.DeltaSink`.
+        """
+        from microbatch.writer import output_keys
+        from sinks.delta import DeltaSink
+
+        if output_mode == "update" and not merge_keys and not output_keys(self._plan):
+            raise PlanError(
+                "write_delta(output_mode='update') upserts by key, and this stream has no "
+                "aggregation keys: pass merge_keys=[...], or use output_mode='append'"
+            )
+        sink = DeltaSink(
+            path,
+            partition_by=partition_by,
+            merge_keys=merge_keys,
+            storage_options=storage_options,
+            schema_mode=schema_mode,
+            optimize_every=optimize_every,
+        )
+        return self.write_to(sink, output_mode=output_mode)
+
     def foreach_batch(
         self, fn: Callable[[pl.DataFrame, int], None], *, output_mode: OutputMode = "append"
     ) -> DataStreamWriter:
@@ -198,7 +301,9 @@ class Stream:
                 start = source.initial_offset()
                 end = source.latest_offset(start)
                 batch = source.read(start, end).data if source.compare(end, start) > 0 else None
-                inputs[str(sid)] = input_frame(source, batch if batch is not None else pl.DataFrame())
+                inputs[str(sid)] = input_frame(
+                    source, batch if batch is not None else pl.DataFrame()
+                )
             finally:
                 source.close()
         ctx = OperatorContext(batch_id=0, watermark_ms=None, timestamp_ms=0)

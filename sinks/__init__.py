@@ -11,14 +11,21 @@ engine, so the sinks can be used and tested on their own.
   (append, update, complete); read back with :func:`memory_table`.
 - :class:`ConsoleSink`: prints each batch.
 - :class:`ForeachBatchSink`: calls ``fn(df, batch_id)``; idempotency is ``fn``'s job.
+- :class:`DeltaSink`: a Delta table, one commit per batch carrying the app
+  transaction ``(query_id, batch_id)`` (append, update by MERGE, complete).
+- :class:`KafkaSink`: a Kafka topic, one transaction per batch (or dedupe headers).
+- :class:`FanOutSink`: several sinks, each exactly once per batch id.
 """
 
 from __future__ import annotations
 
 from sinks.base import OutputMode, Sink, SinkContext
 from sinks.console import ConsoleSink
+from sinks.delta import DeltaSink
 from sinks.exceptions import SinkConfigError, SinkError
+from sinks.fanout import FanOutSink
 from sinks.foreach import ForeachBatchSink
+from sinks.kafka import KafkaSink
 from sinks.memory import (
     MemorySink,
     UnknownTableError,
@@ -30,7 +37,10 @@ from sinks.parquet import ParquetSink, committed_files, read_parquet_output
 
 __all__ = [
     "ConsoleSink",
+    "DeltaSink",
+    "FanOutSink",
     "ForeachBatchSink",
+    "KafkaSink",
     "MemorySink",
     "OutputMode",
     "ParquetSink",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import polars as pl
 import pytest
 
 _names = itertools.count()
@@ -21,23 +20,3 @@ def table_name() -> str:
 def chk(tmp_path: Path) -> Path:
     """A checkpoint directory path (not yet created)."""
     return tmp_path / "chk"
-
-
-def write_parquet_files(directory: Path, frames: list[pl.DataFrame]) -> list[Path]:
-    """Write each frame as one file with increasing mtimes (the arrival order)."""
-    import os
-
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i, frame in enumerate(frames):
-        path = directory / f"part-{i:05d}.parquet"
-        frame.write_parquet(path)
-        os.utime(
-            path,
-            ns=(
-                1_700_000_000_000_000_000 + i * 1_000_000,
-                1_700_000_000_000_000_000 + i * 1_000_000,
-            ),
-        )
-        paths.append(path)
-    return paths

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import write_parquet_files
+from input_files import write_parquet_files
 
 import microbatch as mb
 from microbatch.checkpoint.files import read_json

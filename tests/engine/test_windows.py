@@ -427,7 +427,9 @@ def test_generated_traffic_at_scale_equals_oracle(tmp_path: Path, kind: str) -> 
     test.close()
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(rows=events, cuts=st.lists(st.integers(0, 60), max_size=8))
 def test_allowed_lateness_last_revision_equals_oracle(tmp_path_factory, rows, cuts) -> None:
     spec = mb.window("ts", "1m", allowed_lateness="1m")
@@ -457,9 +459,11 @@ def test_allowed_lateness_last_revision_equals_oracle(tmp_path_factory, rows, cu
 
 def test_allowed_lateness_reemits_corrected_window(tmp_path: Path) -> None:
     test = StreamTest(
-        lambda s: s.with_watermark("ts", "10s")
-        .group_by(mb.window("ts", "1m", allowed_lateness="2m"), "k")
-        .agg(pl.len().alias("n")),
+        lambda s: (
+            s.with_watermark("ts", "10s")
+            .group_by(mb.window("ts", "1m", allowed_lateness="2m"), "k")
+            .agg(pl.len().alias("n"))
+        ),
         schema=SCHEMA,
         checkpoint=tmp_path,
     )
@@ -478,9 +482,11 @@ def test_allowed_lateness_reemits_corrected_window(tmp_path: Path) -> None:
 def test_one_future_event_does_not_make_everything_late(tmp_path: Path) -> None:
     def run(skew):
         test = StreamTest(
-            lambda s: s.with_watermark("ts", "10s", max_future_skew=skew)
-            .group_by(mb.window("ts", "1m"), "k")
-            .agg(pl.len().alias("n")),
+            lambda s: (
+                s.with_watermark("ts", "10s", max_future_skew=skew)
+                .group_by(mb.window("ts", "1m"), "k")
+                .agg(pl.len().alias("n"))
+            ),
             schema=SCHEMA,
             checkpoint=tmp_path / str(skew),
         )

@@ -1,0 +1,434 @@
+"""A real single-node Apache Kafka broker (KRaft) for development and CI, no Docker.
+
+Run through the ``scripts/kafka`` wrapper::
+
+    scripts/kafka fetch              # jars from Maven Central into the cache (once)
+    scripts/kafka start DIR          # format DIR, start a broker, print "127.0.0.1:PORT"
+    scripts/kafka stop DIR           # SIGTERM, then SIGKILL after a grace period
+    scripts/kafka status DIR         # the bootstrap address if it runs (exit 1 if not)
+
+``fetch`` resolves ``org.apache.kafka:kafka_2.13`` (``$MICROBATCH_KAFKA_VERSION``,
+else the first of :data:`VERSIONS` that resolves) plus ``slf4j-simple`` 1.7.36 with
+Maven (``scripts/kafka-pom.xml``) into
+``${MICROBATCH_CACHE:-~/.cache/microbatch}/kafka-<version>/lib``, outside the repo.
+The cache is filled under a temporary name and renamed into place, so an
+interrupted fetch never leaves a half-filled ``lib``.
+
+``start DIR`` keeps everything of one broker in ``DIR``: ``server.properties``,
+``data/`` (formatted on first start), ``broker.log``, ``broker.pid``,
+``ports.json`` and ``bootstrap``. A second ``start`` of a stopped broker
+reuses its data and its ports (so clients reconnect to the same address),
+and a ``start`` of a running one just prints its address. The broker listens
+on 127.0.0.1 only. ``start`` returns when an AdminClient ``list_topics``
+answers (or, without confluent-kafka, when the broker logs that it started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+POM = HERE / "kafka-pom.xml"
+VERSIONS = ("4.1.2", "4.1.1", "4.1.0", "3.9.1")
+"""Kafka versions tried in order when ``$MICROBATCH_KAFKA_VERSION`` is not set."""
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+"""Pinned: Maven 3.8's default dependency plugin is too old for copy-dependencies
+of a pom-packaged project."""
+READY_TIMEOUT_S = 120.0
+STOP_GRACE_S = 15.0
+JVM_OPTS = ("-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true")
+_MARKER = ".complete"
+_STARTED_LINE = "Kafka Server started"
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be fetched, started or stopped; the message says why."""
+
+
+# --------------------------------------------------------------------------- fetch
+
+
+def cache_root() -> Path:
+    """``$MICROBATCH_CACHE`` or ``~/.cache/microbatch``."""
+    return Path(os.environ.get("MICROBATCH_CACHE") or Path.home() / ".cache" / "microbatch")
+
+
+def lib_dir(version: str) -> Path:
+    """Where the jars of ``version`` live once fetched."""
+    return cache_root() / f"kafka-{version}" / "lib"
+
+
+def fetched_version() -> str | None:
+    """A version already in the cache (the preferred one first), or ``None``."""
+    wanted = os.environ.get("MICROBATCH_KAFKA_VERSION")
+    for version in (wanted,) if wanted else VERSIONS:
+        if (lib_dir(version) / _MARKER).exists():
+            return version
+    return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def fetch(*, quiet: bool = False) -> Path:
+    """Make sure the broker's jars are in the cache; return their directory.
+
+    Tries ``$MICROBATCH_KAFKA_VERSION`` or each of :data:`VERSIONS`; raises
+    :class:`BrokerError` with Maven's output when none resolves.
+    """
+    wanted = os.environ.get("MICROBATCH_KAFKA_VERSION")
+    versions = (wanted,) if wanted else VERSIONS
+    if shutil.which("mvn") is None:
+        have = fetched_version()
+        if have:
+            return lib_dir(have)
+        raise BrokerError("fetch needs Maven (mvn) on PATH to download the Kafka broker jars")
+    errors = []
+    with _locked(cache_root() / ".fetch.lock"):
+        for version in versions:
+            lib = lib_dir(version)
+            if (lib / _MARKER).exists():
+                return lib
+            tmp = lib.with_name(f"lib.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            cmd = [
+                "mvn", "-B", "-q", "-f", str(POM),
+                f"-Dkafka.version={version}",
+                f"-Dmaven.repo.local={cache_root() / 'm2'}",
+                f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={tmp}",
+            ]
+            t0 = time.monotonic()
+            if not quiet:
+                print(f"fetching Kafka {version} jars with Maven ...", file=sys.stderr)
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode == 0 and any(tmp.glob(f"kafka_2.13-{version}.jar")):
+                (tmp / _MARKER).write_text(f"{version}\n")
+                shutil.rmtree(lib, ignore_errors=True)
+                tmp.rename(lib)
+                if not quiet:
+                    print(
+                        f"fetched Kafka {version} into {lib} in {time.monotonic() - t0:.1f}s",
+                        file=sys.stderr,
+                    )
+                return lib
+            shutil.rmtree(tmp, ignore_errors=True)
+            errors.append(f"{version}: {(done.stdout + done.stderr).strip()[-1500:]}")
+    raise BrokerError("no Kafka version could be fetched:\n" + "\n".join(errors))
+
+
+# --------------------------------------------------------------------------- start
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def server_properties(data: Path, port: int, controller_port: int) -> str:
+    """The configuration of a one-node KRaft broker+controller on loopback."""
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data),
+        "num.partitions": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "true",
+        "log.segment.bytes": str(64 * 1024 * 1024),
+    }
+    return "".join(f"{k}={v}\n" for k, v in settings.items())
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise BrokerError("the Kafka broker needs Java 17+ (java on PATH or JAVA_HOME)")
+    return java
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (our own exited child, not reaped) is not a running broker
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def running_pid(directory: Path) -> int | None:
+    """The pid of the broker started in ``directory`` if it still runs."""
+    pid_file = directory / "broker.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not _pid_alive(pid):
+        return None
+    try:  # the pid may have been reused by another program
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        if b"kafka.Kafka" not in cmdline or str(directory).encode() not in cmdline:
+            return None
+    except OSError:
+        pass
+    return pid
+
+
+def _ready(bootstrap: str, timeout_s: float) -> bool:
+    try:
+        from confluent_kafka.admin import AdminClient
+    except ImportError:
+        return False
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0,
+                         "logger": _quiet_logger()})
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except Exception:
+        return False
+    return True
+
+
+def _quiet_logger() -> object:
+    import logging
+
+    logger = logging.getLogger("microbatch.kafka_broker.client")
+    logger.addHandler(logging.NullHandler())
+    logger.propagate = False
+    return logger
+
+
+def _log_tail(log: Path, lines: int = 40) -> str:
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no broker.log)"
+    return "\n".join(text[-lines:])
+
+
+def start(directory: Path, *, timeout_s: float = READY_TIMEOUT_S) -> str:
+    """Start (or find running) the broker of ``directory``; return its bootstrap address.
+
+    Guarantees on return: the broker process runs detached from the caller
+    (its own session), ``directory/broker.pid`` holds its pid, and a client
+    has listed its topics. On failure the broker process is stopped and
+    :class:`BrokerError` carries the end of ``broker.log``.
+    """
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    bootstrap_file = directory / "bootstrap"
+    if running_pid(directory) is not None and bootstrap_file.exists():
+        bootstrap = bootstrap_file.read_text().strip()
+        if _ready(bootstrap, 10.0):
+            return bootstrap
+    version = fetched_version()
+    lib = lib_dir(version) if version else fetch(quiet=False)
+    java = _java()
+    classpath = f"{lib}/*"
+    data = directory / "data"
+    ports_file = directory / "ports.json"
+    ports = json.loads(ports_file.read_text()) if ports_file.exists() else {}
+    port, controller = ports.get("port"), ports.get("controller")
+    if not (port and controller and _port_free(port) and _port_free(controller)):
+        port, controller = free_port(), free_port()
+        while controller == port:
+            controller = free_port()
+    props = directory / "server.properties"
+    props.write_text(server_properties(data, port, controller))
+    ports_file.write_text(json.dumps({"port": port, "controller": controller}))
+    log = directory / "broker.log"
+    if not (data / "meta.properties").exists():
+        shutil.rmtree(data, ignore_errors=True)
+        cluster_id = uuid.uuid4().bytes
+        import base64
+
+        cid = base64.urlsafe_b64encode(cluster_id).decode().rstrip("=")
+        fmt = subprocess.run(
+            [java, "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool", "format",
+             "-t", cid, "-c", str(props)],
+            capture_output=True, text=True, check=False,
+        )
+        if fmt.returncode != 0:
+            raise BrokerError(
+                f"formatting KRaft storage in {data} failed:\n{fmt.stdout}{fmt.stderr}"
+            )
+    bootstrap = f"127.0.0.1:{port}"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [java, *JVM_OPTS, "-cp", classpath, "kafka.Kafka", str(props)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, cwd=directory,
+        )
+    (directory / "broker.pid").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout_s
+    have_client = _has_client()
+    offset = log.stat().st_size
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BrokerError(
+                f"the Kafka broker exited with code {proc.returncode} while starting; "
+                f"end of {log}:\n{_log_tail(log)}"
+            )
+        if have_client:
+            if _port_open(port) and _ready(bootstrap, 5.0):
+                break
+        elif _STARTED_LINE in _read_from(log, offset):
+            break
+        time.sleep(0.2)
+    else:
+        stop(directory)
+        raise BrokerError(
+            f"the Kafka broker did not answer on {bootstrap} within {timeout_s:.0f}s; "
+            f"end of {log}:\n{_log_tail(log)}"
+        )
+    bootstrap_file.write_text(bootstrap + "\n")
+    return bootstrap
+
+
+def _has_client() -> bool:
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _read_from(log: Path, offset: int) -> str:
+    try:
+        with log.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# --------------------------------------------------------------------------- stop
+
+
+def stop(directory: Path, *, grace_s: float = STOP_GRACE_S) -> bool:
+    """Stop the broker of ``directory``: SIGTERM, then SIGKILL after ``grace_s``.
+
+    Returns ``True`` when a running broker was stopped. Its data stays in
+    ``directory`` for a later :func:`start`.
+    """
+    directory = directory.resolve()
+    pid = running_pid(directory)
+    if pid is None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _pid_alive(pid):
+        _reap(pid)
+        time.sleep(0.1)
+    if _pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            _reap(pid)
+            if not _pid_alive(pid):
+                break
+            time.sleep(0.05)
+    (directory / "broker.pid").unlink(missing_ok=True)
+    return True
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``fetch | start DIR | stop DIR | status DIR``; errors are one message, exit 1."""
+    parser = argparse.ArgumentParser(prog="scripts/kafka", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("fetch", help="download the broker jars into the cache")
+    for name, text in (("start", "start a broker in DIR"), ("stop", "stop the broker of DIR"),
+                       ("status", "print the bootstrap address if the broker of DIR runs")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("dir", type=Path)
+    sub.choices["start"].add_argument("--timeout", type=float, default=READY_TIMEOUT_S)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "fetch":
+            print(fetch())
+        elif args.command == "start":
+            t0 = time.monotonic()
+            bootstrap = start(args.dir, timeout_s=args.timeout)
+            print(f"broker ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+            print(bootstrap)
+        elif args.command == "stop":
+            print("stopped" if stop(args.dir) else "not running", file=sys.stderr)
+        else:
+            if running_pid(args.dir.resolve()) is None:
+                print("not running", file=sys.stderr)
+                return 1
+            print((args.dir / "bootstrap").read_text().strip())
+    except BrokerError as exc:
+        print(f"scripts/kafka {args.command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

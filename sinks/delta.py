@@ -1,0 +1,577 @@
+"""Delta Lake tables, exactly once per batch id through Delta app transactions.
+
+Every commit the sink makes carries the app transaction ``(app_id, batch_id)``
+(``app_id`` is the query id), in the same Delta commit as the data, so the
+table itself records which batches it holds. Protocol for batch ``N``
+(NOTE: the order is what makes it exactly-once)::
+
+    loop (at most max_attempts times):
+        1. load the table, or refresh the handle kept from the last batch
+           (update_incremental: a stale handle cannot commit)
+        2. if table.transaction_version(app_id) >= N: return   # a replay: no-op
+        3. check the batch's schema against the table's (SinkError before
+           anything is written when they differ)
+        4. ctx.at("sink.before_commit", N)
+        5. commit the data with Transaction(app_id, N), through the same
+           handle that read the version in step 2
+              append:   write_deltalake(mode="append")
+              update:   MERGE (upsert) on the key columns
+              complete: write_deltalake(mode="overwrite")
+           a CommitFailedError (a concurrent commit, e.g. another writer with
+           the same app id that committed N first): go back to 1 -- the
+           reload decides, never a blind retry
+        6. ctx.at("sink.after_commit", N)
+        7. every `optimize_every` batches: compact small files
+
+Why step 5 must use the handle of step 2: delta-rs records app transactions
+but never refuses a repeated ``(app_id, version)`` by itself. What it does
+refuse is a commit whose read snapshot is older than a winning commit that
+carries the same app id. Committing through the handle that read the
+transaction version therefore turns "two writers both saw N missing" into
+one commit and one conflict, and the loser's reload finds N in step 2.
+
+The table is created on the first batch (a ``CREATE TABLE`` commit with the
+batch's schema, before the batch's own commit): delta-rs does not check app
+transactions when the very first commit creates the table, so creation is
+kept apart from the data commits that do.
+
+A batch without rows commits nothing in ``append`` and ``update`` mode, so
+no-data batches (watermark ticks) do not add empty versions to the history;
+in ``complete`` mode an empty result is a real result and overwrites.
+
+Small files: each batch adds at least one file per partition. Pass
+``optimize_every=N`` to run ``DeltaTable.optimize.compact()`` after every
+N-th batch (a ``dataChange=false`` commit that readers and the Delta source
+skip). Compaction leaves the replaced files on storage for time travel;
+reclaim them with ``DeltaTable(path).vacuum(retention_hours=168,
+dry_run=False)`` from a maintenance job (never with a retention shorter than
+the longest-running reader or replay, which would lose files it needs).
+
+Object storage: ``s3://`` (and other delta-rs) URIs work with
+``storage_options`` passed through unchanged. delta-rs 1.x commits to S3
+with conditional PUTs (``If-None-Match``), which S3 and S3-compatible
+stores honour, so concurrent writers are safe without a lock table;
+``AWS_S3_ALLOW_UNSAFE_RENAME`` only matters for stores without conditional
+writes, where concurrent writers are then unsafe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import polars as pl
+
+from sinks.base import OutputMode, Sink, SinkContext
+from sinks.exceptions import SinkConfigError, SinkError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from deltalake import DeltaTable, Schema
+
+log = logging.getLogger("sinks.delta")
+
+SchemaMode = Literal["merge"]
+
+MAX_ATTEMPTS = 10
+"""How many times a batch is tried after commit conflicts before the sink gives up."""
+
+_SOURCE, _TARGET = "s", "t"
+_UNSIGNED = {pl.UInt8: pl.Int16, pl.UInt16: pl.Int32, pl.UInt32: pl.Int64, pl.UInt64: pl.Int64}
+_INT64_MAX = 2**63 - 1
+
+
+class DeltaSink(Sink):
+    """Writes each batch to a Delta table in one commit, exactly once per batch id.
+
+    Parameters
+    ----------
+    path
+        The table: a local directory or a URI (``s3://bucket/table``, ...).
+        Created on the first batch with the batch's schema when missing.
+    partition_by
+        Partition columns of a table the sink creates. For an existing table
+        they must be the table's (or ``None``: the table's are used).
+    merge_keys
+        Columns identifying a row for ``update`` mode's MERGE. Default: the
+        query's key columns (``window_start``, ``window_end`` and the group
+        keys of the aggregation), which the engine passes in the context.
+    storage_options
+        Passed unchanged to delta-rs (credentials, endpoint, ...). Never
+        shown in ``describe()``.
+    schema_mode
+        ``None``: a batch whose schema differs from the table's is refused
+        with a :class:`SinkError` before anything is written. ``"merge"``:
+        additive evolution -- new columns are added to the table, columns
+        the batch lacks are written as nulls. Type changes are always refused.
+    optimize_every
+        Compact small files after every N-th batch (by batch id).
+    max_attempts
+        Commit attempts per batch (each after a reload) before giving up.
+
+    Guarantees: a batch id is in the table at most once, whatever the
+    crashes, replays and concurrent writers with the same query id; a batch
+    is all there or not there (one Delta commit); a schema mismatch never
+    writes anything.
+    """
+
+    supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete")
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        partition_by: str | Sequence[str] | None = None,
+        merge_keys: str | Sequence[str] | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        schema_mode: SchemaMode | None = None,
+        optimize_every: int | None = None,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> None:
+        if schema_mode not in (None, "merge"):
+            raise SinkConfigError(
+                f"schema_mode must be None or 'merge', got {schema_mode!r}; a Delta sink "
+                "never overwrites a table's schema"
+            )
+        if optimize_every is not None and (
+            isinstance(optimize_every, bool) or not isinstance(optimize_every, int)
+            or optimize_every < 1
+        ):
+            raise SinkConfigError(
+                "optimize_every must be a positive number of batches or None, "
+                f"got {optimize_every!r}"
+            )
+        if max_attempts < 1:
+            raise SinkConfigError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.uri = table_uri(path)
+        self.partition_by: tuple[str, ...] = _names(partition_by, "partition_by")
+        self.merge_keys: tuple[str, ...] = _names(merge_keys, "merge_keys")
+        self.storage_options: dict[str, str] = dict(storage_options or {})
+        self.schema_mode: SchemaMode | None = schema_mode
+        self.optimize_every = optimize_every
+        self.max_attempts = max_attempts
+        self.last_commit: dict[str, Any] = {}
+        """What the last ``add_batch`` did: ``batch_id``, ``skipped``, ``attempts``,
+        ``version`` (the table version it committed) and ``commit_ms``."""
+        self._ctx: SinkContext | None = None
+        self._table: DeltaTable | None = None
+
+    # ------------------------------------------------------------------ protocol
+
+    def open(self, ctx: SinkContext) -> None:
+        """Bind to the query; check the output mode, keys and an existing table's layout."""
+        if ctx.output_mode not in self.supported_modes:
+            raise SinkConfigError(f"DeltaSink does not support output_mode={ctx.output_mode!r}")
+        if ctx.output_mode == "update" and not (self.merge_keys or ctx.key_columns):
+            raise SinkConfigError(
+                f"Delta table {self.uri}: output_mode='update' upserts rows by key, and this "
+                "query has no key columns (no aggregation); pass merge_keys=[...] to "
+                "write_delta, or use output_mode='append'"
+            )
+        if not ctx.query_id:
+            raise SinkConfigError("DeltaSink needs a query id (the app id of its transactions)")
+        self._ctx = ctx
+        self._table = self._load()
+        if self._table is not None:
+            self._check_partitioning(self._table)
+
+    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
+        """Commit ``df`` as batch ``batch_id``; a no-op if the table already has it."""
+        ctx = self._ctx
+        if ctx is None:
+            raise SinkError(
+                f"DeltaSink({self.uri!r}).add_batch({batch_id}) before open(ctx); "
+                "the engine opens sinks before the first batch"
+            )
+        if batch_id < 0:
+            raise SinkError(f"batch ids are never negative, got {batch_id}")
+        mode = ctx.output_mode
+        data = delta_frame(df, batch_id=batch_id, uri=self.uri)
+        keys = self.merge_keys or ctx.key_columns
+        if mode == "update":
+            _check_keys(data, keys, batch_id, self.uri)
+        started = time.perf_counter()
+        last_error: Exception | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            table = self._refresh()
+            if table is None:
+                table = self._create(data, batch_id)
+            done = table.transaction_version(ctx.query_id)
+            if done is not None and done >= batch_id:
+                self._record(batch_id, skipped=True, attempts=attempt, started=started)
+                return
+            if data.height == 0 and mode != "complete":
+                self._record(batch_id, skipped=False, attempts=attempt, started=started)
+                return
+            aligned = self._align(table, data, batch_id)
+            ctx.at("sink.before_commit", batch_id)
+            try:
+                self._commit(table, aligned, batch_id, mode, keys)
+            except Exception as exc:
+                if not _is_conflict(exc):
+                    raise self._write_error(batch_id, exc) from exc
+                last_error = exc
+                log.info("Delta table %s: batch %d commit conflict (attempt %d): %s; "
+                         "reloading", self.uri, batch_id, attempt, exc)
+                self._table = None  # reload from scratch: never reuse a handle that lost
+                continue
+            self._record(batch_id, skipped=False, attempts=attempt, started=started)
+            ctx.at("sink.after_commit", batch_id)
+            self._maybe_optimize(batch_id)
+            return
+        raise SinkError(
+            f"Delta table {self.uri}: batch {batch_id} hit a commit conflict on each of "
+            f"{self.max_attempts} attempts (last: {last_error}). Another writer is committing "
+            "to the table continuously; the batch was not written and is retried on restart."
+        )
+
+    def close(self) -> None:
+        """Drop the table handle."""
+        self._table = None
+
+    def describe(self) -> dict[str, Any]:
+        """Kind, table URI and options (storage options are left out: they hold secrets)."""
+        return {
+            "kind": type(self).__name__,
+            "path": self.uri,
+            "partition_by": list(self.partition_by),
+            "merge_keys": list(self.merge_keys),
+            "schema_mode": self.schema_mode,
+            "optimize_every": self.optimize_every,
+        }
+
+    # ------------------------------------------------------------------ steps
+
+    def _load(self) -> DeltaTable | None:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+        except Exception as exc:
+            raise SinkError(f"cannot open Delta table {self.uri}: {_short(exc)}") from exc
+
+    def _refresh(self) -> DeltaTable | None:
+        """Step 1: the table at its latest version (``None`` when it does not exist)."""
+        if self._table is None:
+            self._table = self._load()
+        else:
+            try:
+                self._table.update_incremental()
+            except Exception as exc:
+                raise SinkError(
+                    f"cannot refresh Delta table {self.uri}: {_short(exc)}"
+                ) from exc
+        return self._table
+
+    def _create(self, data: pl.DataFrame, batch_id: int) -> DeltaTable:
+        """Create the table with ``data``'s schema (a metadata-only commit) and load it."""
+        from deltalake import DeltaTable
+
+        missing = [c for c in self.partition_by if c not in data.columns]
+        if missing:
+            raise SinkConfigError(
+                f"Delta table {self.uri}: partition_by names {missing}, which batch "
+                f"{batch_id} does not have (its columns: {data.columns})"
+            )
+        try:
+            DeltaTable.create(
+                self.uri,
+                _arrow(data).schema,
+                mode="ignore",
+                partition_by=list(self.partition_by) or None,
+                storage_options=self.storage_options or None,
+            )
+        except Exception as exc:
+            if not _is_conflict(exc):  # a concurrent creator won: use its table
+                raise SinkError(
+                    f"cannot create Delta table {self.uri} for batch {batch_id}: {_short(exc)}"
+                ) from exc
+        table = self._load()
+        if table is None:
+            raise SinkError(f"Delta table {self.uri} was created but cannot be loaded")
+        self._table = table
+        self._check_partitioning(table)
+        return table
+
+    def _check_partitioning(self, table: DeltaTable) -> None:
+        existing = tuple(table.metadata().partition_columns)
+        if self.partition_by and existing != self.partition_by:
+            raise SinkConfigError(
+                f"Delta table {self.uri} is partitioned by {list(existing)}, not "
+                f"{list(self.partition_by)}; keep the table's partitioning (or pass "
+                "partition_by=None), or write to a new table"
+            )
+        self.partition_by = existing
+
+    def _align(self, table: DeltaTable, data: pl.DataFrame, batch_id: int) -> pl.DataFrame:
+        """Step 3: refuse a schema mismatch; with ``schema_mode="merge"`` add the
+        table's columns that the batch lacks as nulls, in the table's order."""
+        import pyarrow as pa
+
+        target = pa.schema(table.schema().to_arrow())
+        problems = schema_differences(table.schema(), _delta_schema(data, batch_id, self.uri))
+        type_changes = [p for p in problems if p[0] == "type"]
+        if problems and (self.schema_mode != "merge" or type_changes):
+            raise SinkError(_mismatch_message(self.uri, batch_id, problems, self.schema_mode))
+        if not problems:
+            return data.select(target.names)
+        table_types = pl.from_arrow(target.empty_table()).schema  # type: ignore[union-attr]
+        fill = [
+            pl.lit(None, table_types[n]).alias(n) for n in target.names if n not in data.columns
+        ]
+        extra = [n for n in data.columns if n not in target.names]
+        return data.with_columns(fill).select([*target.names, *extra])
+
+    def _commit(
+        self, table: DeltaTable, data: pl.DataFrame, batch_id: int, mode: OutputMode,
+        keys: Sequence[str],
+    ) -> None:
+        """Step 5: one Delta commit holding the data and the app transaction."""
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        assert self._ctx is not None
+        props = CommitProperties(app_transactions=[Transaction(self._ctx.query_id, batch_id)])
+        arrow = _arrow(data)
+        evolve = self.schema_mode == "merge"
+        if mode == "update":
+            merger = table.merge(
+                arrow,
+                predicate=merge_predicate(data, keys),
+                source_alias=_SOURCE,
+                target_alias=_TARGET,
+                merge_schema=evolve,
+                commit_properties=props,
+            )
+            merger.when_matched_update_all().when_not_matched_insert_all().execute()
+            return
+        write_deltalake(
+            table,
+            arrow,
+            mode="overwrite" if mode == "complete" else "append",
+            partition_by=list(self.partition_by) or None,
+            schema_mode="merge" if evolve else None,
+            commit_properties=props,
+        )
+
+    def _maybe_optimize(self, batch_id: int) -> None:
+        """Step 7: compaction; a failure is logged, never fails the committed batch."""
+        every = self.optimize_every
+        if every is None or (batch_id + 1) % every != 0 or self._table is None:
+            return
+        try:
+            self._table.update_incremental()
+            metrics = self._table.optimize.compact()
+            self.last_commit["optimize"] = {
+                "files_added": metrics.get("numFilesAdded"),
+                "files_removed": metrics.get("numFilesRemoved"),
+            }
+        except Exception as exc:
+            log.warning("Delta table %s: compaction after batch %d failed (%s); the next "
+                        "one will try again", self.uri, batch_id, _short(exc))
+            self._table = None
+
+    def _record(self, batch_id: int, *, skipped: bool, attempts: int, started: float) -> None:
+        self.last_commit = {
+            "batch_id": batch_id,
+            "skipped": skipped,
+            "attempts": attempts,
+            "version": self._table.version() if self._table is not None else None,
+            "commit_ms": round((time.perf_counter() - started) * 1000, 3),
+        }
+
+    def _write_error(self, batch_id: int, exc: Exception) -> SinkError:
+        return SinkError(
+            f"cannot write batch {batch_id} to Delta table {self.uri}: {_short(exc)}. "
+            "Nothing was committed; the batch is retried on the next start."
+        )
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def table_uri(path: str | os.PathLike[str]) -> str:
+    """A table location as delta-rs takes it: URIs unchanged, local paths absolute."""
+    text = os.fspath(path)
+    if "://" in text:
+        return text.rstrip("/")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def delta_frame(df: pl.DataFrame, *, batch_id: int, uri: str) -> pl.DataFrame:
+    """``df`` with types Delta can store.
+
+    Unsigned integers widen to the next signed type (``UInt64`` to ``Int64``,
+    refusing values above 2**63-1), categoricals become strings, datetimes
+    become microseconds (Delta's precision). Types Delta has no counterpart
+    for (durations, times, objects, untyped nulls) raise :class:`SinkError`
+    naming the column.
+    """
+    casts: dict[str, pl.DataType] = {}
+    for name, dtype in df.schema.items():
+        target = _delta_dtype(dtype, name, batch_id, uri)
+        if target != dtype:
+            casts[name] = target
+    if not casts:
+        return df
+    exprs = []
+    for name, target in casts.items():
+        dtype = df.schema[name]
+        if dtype == pl.UInt64 and df.height and (df[name].max() or 0) > _INT64_MAX:  # type: ignore[operator]
+            raise SinkError(
+                f"Delta table {uri}: batch {batch_id} column {name!r} (UInt64) holds values "
+                "above 2**63-1, which Delta's long cannot hold; cast it to a decimal or string"
+            )
+        if isinstance(dtype, pl.Datetime) and dtype.time_zone not in (None, "UTC"):
+            # a cast would relabel the wall clock; converting keeps the instant
+            exprs.append(pl.col(name).dt.convert_time_zone("UTC").cast(target))
+        else:
+            exprs.append(pl.col(name).cast(target))
+    return df.with_columns(exprs)
+
+
+def _delta_dtype(dtype: pl.DataType, name: str, batch_id: int, uri: str) -> pl.DataType:
+    base = dtype.base_type()
+    if base in _UNSIGNED:
+        return _UNSIGNED[base]()  # type: ignore[index]
+    if base in (pl.Categorical, pl.Enum):
+        return pl.String()
+    if isinstance(dtype, pl.Datetime):
+        return pl.Datetime("us", dtype.time_zone and "UTC")
+    if isinstance(dtype, pl.List | pl.Array):
+        return pl.List(_delta_dtype(dtype.inner, name, batch_id, uri))
+    if isinstance(dtype, pl.Struct):
+        return pl.Struct(
+            [pl.Field(f.name, _delta_dtype(f.dtype, name, batch_id, uri)) for f in dtype.fields]
+        )
+    if base in (pl.Duration, pl.Time, pl.Object, pl.Null):
+        raise SinkError(
+            f"Delta table {uri}: batch {batch_id} column {name!r} has type {dtype}, which "
+            "Delta cannot store; cast it (e.g. a duration to Int64 microseconds, a time to "
+            "a string) before write_delta"
+        )
+    return dtype
+
+
+def _arrow(data: pl.DataFrame) -> pa.Table:
+    return data.to_arrow()
+
+
+def _delta_schema(data: pl.DataFrame, batch_id: int, uri: str) -> Schema:
+    from deltalake import Schema
+
+    try:
+        return Schema.from_arrow(_arrow(data.clear()).schema)
+    except Exception as exc:
+        raise SinkError(
+            f"Delta table {uri}: batch {batch_id} has a schema Delta cannot store "
+            f"({_short(exc)}); cast the column before write_delta"
+        ) from exc
+
+
+def type_text(dtype: Any) -> str:
+    """A Delta type as text (``long``, ``array<string>``, ``struct<a: long>``)."""
+    kind = type(dtype).__name__
+    if kind == "ArrayType":
+        return f"array<{type_text(dtype.element_type)}>"
+    if kind == "MapType":
+        return f"map<{type_text(dtype.key_type)}, {type_text(dtype.value_type)}>"
+    if kind == "StructType":
+        return "struct<" + ", ".join(f"{f.name}: {type_text(f.type)}" for f in dtype.fields) + ">"
+    return str(getattr(dtype, "type", dtype))
+
+
+def schema_differences(table: Schema, batch: Schema) -> list[tuple[str, str, str, str]]:
+    """``(kind, column, table type, batch type)`` for each difference; ``kind`` is
+    ``"type"``, ``"missing"`` (in the table, not the batch) or ``"new"``."""
+    have = {f.name: type_text(f.type) for f in table.fields}
+    got = {f.name: type_text(f.type) for f in batch.fields}
+    out: list[tuple[str, str, str, str]] = []
+    for name, text in have.items():
+        if name not in got:
+            out.append(("missing", name, text, "-"))
+        elif got[name] != text:
+            out.append(("type", name, text, got[name]))
+    out.extend(("new", name, "-", text) for name, text in got.items() if name not in have)
+    return out
+
+
+def _mismatch_message(
+    uri: str, batch_id: int, problems: list[tuple[str, str, str, str]], schema_mode: str | None
+) -> str:
+    words = {"type": "has type {b} in the batch but {t} in the table",
+             "missing": "({t}) is in the table but not in the batch",
+             "new": "({b}) is in the batch but not in the table"}
+    details = "; ".join(
+        f"column {name!r} " + words[kind].format(t=t, b=b) for kind, name, t, b in problems
+    )
+    if any(kind == "type" for kind, *_ in problems):
+        fix = ("Delta does not change a column's type: cast the column in the query to the "
+               "table's type, or write to a new table.")
+    else:
+        fix = ("For additive evolution pass schema_mode='merge' to write_delta (new columns "
+               "are added, missing ones written as nulls), or write to a new table.")
+    mode = "" if schema_mode is None else f" (schema_mode={schema_mode!r})"
+    return (f"Delta table {uri}: batch {batch_id} does not match the table's schema{mode}: "
+            f"{details}. Nothing was written. {fix}")
+
+
+def merge_predicate(data: pl.DataFrame, keys: Sequence[str]) -> str:
+    """The MERGE condition on ``keys``: ``=`` where the batch's keys have no nulls
+    (lets delta-rs prune files), ``IS NOT DISTINCT FROM`` where they do."""
+    parts = []
+    for key in keys:
+        col = _quote(key)
+        op = "IS NOT DISTINCT FROM" if data[key].null_count() else "="
+        parts.append(f"({_TARGET}.{col} {op} {_SOURCE}.{col})")
+    return " AND ".join(parts)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _check_keys(data: pl.DataFrame, keys: Sequence[str], batch_id: int, uri: str) -> None:
+    missing = [k for k in keys if k not in data.columns]
+    if missing:
+        raise SinkError(
+            f"Delta table {uri}: merge key(s) {missing} are not columns of batch {batch_id} "
+            f"(its columns: {data.columns}); fix merge_keys"
+        )
+    if data.height and data.select(keys).is_duplicated().any():
+        dupes = data.select(keys).filter(data.select(keys).is_duplicated()).unique().height
+        raise SinkError(
+            f"Delta table {uri}: batch {batch_id} has {dupes} merge key value(s) on several "
+            f"rows (keys {list(keys)}); a MERGE needs one row per key: fix merge_keys or "
+            "aggregate before the sink"
+        )
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    from deltalake.exceptions import CommitFailedError
+
+    return isinstance(exc, CommitFailedError)
+
+
+def _names(value: str | Sequence[str] | None, what: str) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else tuple(value or ())
+    if len(set(names)) != len(names):
+        raise SinkConfigError(f"{what} names a column twice: {list(names)}")
+    return names
+
+
+def _short(exc: BaseException, limit: int = 400) -> str:
+    """The first lines of a delta-rs error, without its Rust backtrace."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    kept: list[str] = []
+    for line in lines:
+        if line.lstrip()[:1].isdigit() and ":" in line:  # backtrace frames
+            break
+        kept.append(line.strip())
+    text = " ".join(kept) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

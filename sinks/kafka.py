@@ -1,0 +1,402 @@
+"""A Kafka topic as a sink: one transaction per batch (exactly once), or headers to dedupe.
+
+``mode="exactly_once"`` (default) gives exactly-once *effect* for consumers
+reading with ``isolation.level=read_committed``. Protocol for batch ``N``
+(NOTE: the order is what makes it exactly-once):
+
+1. ``open``: ``init_transactions()`` with ``transactional.id =
+   microbatch-<query_id>-<topic>``: fences any older producer of this query
+   (a zombie of a killed run) and aborts its open transaction.
+2. Read the committed offset of consumer group ``microbatch-sink-<query_id>-<topic>``
+   on the bookkeeping partition ``<commit_topic>:0``. It holds ``last + 1``
+   where ``last`` is the last batch whose transaction committed. If
+   ``N <= last``: batch ``N`` is already in the topic, return.
+3. ``begin_transaction()``; produce every row; flush.
+4. ``ctx.at("sink.after_data", N)``.
+5. ``send_offsets_to_transaction(<commit_topic>:0 -> N + 1, metadata = {"batch_id": N, ...})``
+   then ``commit_transaction()``: the rows and the batch marker become
+   visible atomically, or neither does.
+6. ``ctx.at("sink.after_commit", N)``.
+
+A crash anywhere before 5 leaves an open transaction that step 1 of the next
+run aborts; a crash after 5 leaves a marker that step 2 reads, so the replay
+is a no-op. Any delivery failure fails the transaction and so the batch
+(retried from the write-ahead log on restart); nothing is dropped.
+
+``mode="at_least_once"``: no transactions; each record carries the headers
+``mb_query_id``, ``mb_batch_id`` and ``mb_row`` (its row number in the
+batch), so a consumer can drop the duplicates a replay may write. Every
+delivery is confirmed (``flush`` and delivery reports) before ``add_batch``
+returns; an error fails the batch.
+
+Values are serialized for the whole batch in one call (``write_ndjson`` then
+split into lines), never one ``json.dumps`` per row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import polars as pl
+
+from sinks.base import Sink, SinkContext
+from sinks.exceptions import SinkConfigError, SinkError
+from sinks.kafka_common import check_config, client_log, redact
+
+log = logging.getLogger("sinks.kafka")
+
+DeliveryMode = Literal["exactly_once", "at_least_once"]
+ValueFormat = Literal["json", "raw"]
+DEFAULT_COMMIT_TOPIC = "microbatch-sink-commits"
+"""The bookkeeping topic (one partition) whose group offsets mark committed batches."""
+_RESERVED = ("bootstrap.servers", "transactional.id", "enable.idempotence")
+_TIMEOUT_S = 60.0
+
+
+class KafkaSink(Sink):
+    """Writes each batch's rows to a topic; exactly once per batch id (see the module docs).
+
+    Parameters
+    ----------
+    topic
+        The output topic (must exist, or the broker must auto-create it).
+    bootstrap
+        ``host:port[,...]`` of the cluster.
+    key
+        Column name or Polars expression for the record key (cast to text,
+        or bytes as they are); ``None`` for no key.
+    value_format
+        ``"json"``: every column of the row as one JSON object (datetimes in
+        ISO-8601); ``"raw"``: the ``value`` column (bytes or text) as is.
+    headers
+        ``{header_name: column_or_expression}`` added to every record
+        (values cast to text).
+    mode
+        ``"exactly_once"`` (a transaction per batch) or ``"at_least_once"``
+        (dedupe headers).
+    config
+        Extra librdkafka settings for the producer (SASL/SSL...); never shown.
+    commit_topic
+        The bookkeeping topic for exactly-once markers (created with one
+        partition when missing).
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        bootstrap: str,
+        key: str | pl.Expr | None = None,
+        value_format: ValueFormat = "json",
+        headers: Mapping[str, str | pl.Expr] | None = None,
+        mode: DeliveryMode = "exactly_once",
+        config: Mapping[str, Any] | None = None,
+        commit_topic: str = DEFAULT_COMMIT_TOPIC,
+    ) -> None:
+        if not isinstance(topic, str) or not topic:
+            raise SinkConfigError(f"write_kafka needs a topic name, got {topic!r}")
+        if not isinstance(bootstrap, str) or not bootstrap:
+            raise SinkConfigError("write_kafka needs bootstrap='host:port'")
+        if mode not in ("exactly_once", "at_least_once"):
+            raise SinkConfigError(
+                f"write_kafka: mode must be 'exactly_once' or 'at_least_once', got {mode!r}"
+            )
+        if value_format not in ("json", "raw"):
+            raise SinkConfigError(
+                f"write_kafka: value_format must be 'json' or 'raw', got {value_format!r}"
+            )
+        try:
+            self._config = check_config(config, reserved=_RESERVED)
+        except ValueError as exc:
+            raise SinkConfigError(f"write_kafka: {exc}") from None
+        self.topic = topic
+        self.bootstrap = bootstrap
+        self.key = pl.col(key) if isinstance(key, str) else key
+        self.value_format: ValueFormat = value_format
+        self.headers = {
+            name: (pl.col(e) if isinstance(e, str) else e) for name, e in (headers or {}).items()
+        }
+        self.mode: DeliveryMode = mode
+        self.commit_topic = commit_topic
+        self._ctx: SinkContext | None = None
+        self._producer: Any = None
+        self._reader: Any = None
+        self._errors: list[str] = []
+        self.batches_written = 0
+        self.batches_skipped = 0
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def transactional_id(self) -> str:
+        """``microbatch-<query_id>-<topic>``: stable across restarts of the query."""
+        return f"microbatch-{self._query_id()}-{self.topic}"
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group whose offset on ``commit_topic:0`` marks committed batches."""
+        return f"microbatch-sink-{self._query_id()}-{self.topic}"
+
+    def _query_id(self) -> str:
+        if self._ctx is None:
+            raise SinkError("KafkaSink used before open(ctx)")
+        return self._ctx.query_id
+
+    def describe(self) -> dict[str, Any]:
+        """Topic, mode and options; the config with secrets redacted."""
+        return {
+            "kind": type(self).__name__,
+            "topic": self.topic,
+            "bootstrap": self.bootstrap,
+            "mode": self.mode,
+            "value_format": self.value_format,
+            "key": None if self.key is None else str(self.key),
+            "headers": sorted(self.headers),
+            "commit_topic": self.commit_topic if self.mode == "exactly_once" else None,
+            "config": redact(self._config),
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self, ctx: SinkContext) -> None:
+        """Create the producer; in exactly-once mode fence older runs (init_transactions)."""
+        from confluent_kafka import Consumer, KafkaException, Producer
+
+        self.close()
+        self._ctx = ctx
+        base = {**self._config, "bootstrap.servers": self.bootstrap, "logger": client_log}
+        producer_cfg: dict[str, Any] = {
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": 1_000_000,
+            **base,
+            "enable.idempotence": True,
+        }
+        if self.mode == "exactly_once":
+            producer_cfg["transactional.id"] = self.transactional_id
+            producer_cfg.setdefault("transaction.timeout.ms", 60_000)
+            self._ensure_commit_topic(base)
+            self._reader = Consumer({
+                **base, "group.id": self.group_id, "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            })
+        else:
+            producer_cfg["on_delivery"] = self._on_delivery
+        self._producer = Producer(producer_cfg)
+        if self.mode == "exactly_once":
+            try:
+                self._producer.init_transactions(_TIMEOUT_S)
+            except KafkaException as exc:
+                raise SinkError(
+                    f"KafkaSink({self.topic!r}): init_transactions for transactional.id "
+                    f"{self.transactional_id!r} failed: {exc.args[0]}"
+                ) from None
+
+    def close(self) -> None:
+        """Flush (at-least-once) and close the clients."""
+        if self._producer is not None and self.mode == "at_least_once":
+            self._producer.flush(10)
+        if self._reader is not None:
+            try:
+                self._reader.close()
+            except Exception:  # closing must not hide the error that led here
+                log.debug("error closing the marker reader", exc_info=True)
+        self._producer = self._reader = None
+
+    # ------------------------------------------------------------------ writing
+
+    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
+        """Write batch ``batch_id`` (one transaction, or confirmed deliveries); a
+        no-op when its transaction already committed."""
+        ctx = self._ctx
+        if ctx is None or self._producer is None:
+            raise SinkError(f"KafkaSink({self.topic!r}).add_batch({batch_id}) before open(ctx)")
+        if self.mode == "at_least_once":
+            self._write_at_least_once(ctx, batch_id, df)
+            return
+        last = self.last_committed_batch()
+        if last is not None and batch_id <= last:
+            self.batches_skipped += 1
+            log.info("kafka sink %s: batch %d already committed (last %d)", self.topic,
+                     batch_id, last)
+            return
+        self._write_transaction(ctx, batch_id, df)
+
+    def last_committed_batch(self) -> int | None:
+        """The last batch id whose transaction committed, read from the marker group."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        if self._reader is None:
+            return None
+        try:
+            (tp,) = self._reader.committed([TopicPartition(self.commit_topic, 0)],
+                                           timeout=_TIMEOUT_S)
+        except KafkaException as exc:
+            raise SinkError(
+                f"KafkaSink({self.topic!r}): cannot read the committed-batch marker of group "
+                f"{self.group_id!r}: {exc.args[0]}"
+            ) from None
+        if tp.error is not None:
+            raise SinkError(f"KafkaSink({self.topic!r}): marker of {self.group_id!r}: {tp.error}")
+        return None if tp.offset < 0 else tp.offset - 1
+
+    def _write_transaction(self, ctx: SinkContext, batch_id: int, df: pl.DataFrame) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        producer = self._producer
+        producer.begin_transaction()
+        try:
+            self._produce(df, headers=None)
+            ctx.at("sink.after_data", batch_id)
+            marker = json.dumps({"batch_id": batch_id, "query_id": self._query_id(),
+                                 "rows": df.height})
+            producer.send_offsets_to_transaction(
+                [TopicPartition(self.commit_topic, 0, batch_id + 1, metadata=marker)],
+                self._reader.consumer_group_metadata(),
+                _TIMEOUT_S,
+            )
+            producer.commit_transaction(_TIMEOUT_S)
+        except KafkaException as exc:
+            err = exc.args[0]
+            self._abort(batch_id)
+            raise SinkError(
+                f"KafkaSink({self.topic!r}): transaction of batch {batch_id} failed: {err}; "
+                "nothing of it is visible to read_committed consumers, and the batch is "
+                "retried on restart"
+            ) from None
+        except BaseException:
+            self._abort(batch_id)
+            raise
+        self.batches_written += 1
+        ctx.at("sink.after_commit", batch_id)
+
+    def _abort(self, batch_id: int) -> None:
+        try:
+            self._producer.abort_transaction(_TIMEOUT_S)
+        except Exception as exc:  # the next init_transactions aborts it anyway
+            log.warning("kafka sink %s: abort of batch %d failed: %s", self.topic, batch_id, exc)
+
+    def _write_at_least_once(self, ctx: SinkContext, batch_id: int, df: pl.DataFrame) -> None:
+        self._errors = []
+        fixed = [("mb_query_id", ctx.query_id.encode()), ("mb_batch_id", str(batch_id).encode())]
+        self._produce(df, headers=fixed)
+        ctx.at("sink.after_data", batch_id)
+        remaining = self._producer.flush(_TIMEOUT_S)
+        if remaining or self._errors:
+            first = self._errors[0] if self._errors else f"{remaining} record(s) unconfirmed"
+            raise SinkError(
+                f"KafkaSink({self.topic!r}): batch {batch_id}: {len(self._errors)} delivery "
+                f"error(s), {remaining} record(s) unconfirmed (first: {first}); the batch is "
+                "retried on restart (consumers dedupe on mb_query_id/mb_batch_id/mb_row)"
+            )
+        self.batches_written += 1
+        ctx.at("sink.after_commit", batch_id)
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self._errors.append(str(err))
+
+    def _produce(self, df: pl.DataFrame, *, headers: list[tuple[str, bytes]] | None) -> None:
+        """Enqueue every row; vectorized serialization, one produce call per row."""
+        if df.height == 0:
+            return
+        values = self._values(df)
+        keys = self._column_bytes(df, self.key) if self.key is not None else None
+        extra = {name: self._column_bytes(df, e) for name, e in self.headers.items()}
+        producer = self._producer
+        if headers is None and not extra:
+            messages = (
+                [{"value": v, "key": k} for v, k in zip(values, keys, strict=True)]
+                if keys is not None else [{"value": v} for v in values]
+            )
+            self._produce_batch(messages)
+            return
+        base = list(headers or [])
+        for i, value in enumerate(values):
+            row_headers = [*base, ("mb_row", str(i).encode())] if headers is not None else []
+            row_headers.extend((name, col[i]) for name, col in extra.items())
+            key = keys[i] if keys is not None else None
+            while True:
+                try:
+                    producer.produce(self.topic, value, key, headers=row_headers)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            if i % 10_000 == 0:
+                producer.poll(0)
+
+    def _produce_batch(self, messages: list[dict[str, Any]]) -> None:
+        producer = self._producer
+        chunk = 50_000
+        i = 0
+        while i < len(messages):
+            part = messages[i : i + chunk]
+            queued = producer.produce_batch(self.topic, part)
+            if queued < len(part):
+                failed = [m for m in part if "_error" in m]
+                if failed and not all("QUEUE_FULL" in str(m["_error"]) for m in failed):
+                    raise SinkError(
+                        f"KafkaSink({self.topic!r}): {len(failed)} record(s) not queued: "
+                        f"{failed[0]['_error']}"
+                    )
+                # queue full: wait for deliveries, then enqueue the rest of this chunk
+                producer.poll(0.1)
+                messages[i : i + chunk] = [
+                    {k: v for k, v in m.items() if k != "_error"} for m in failed
+                ]
+                continue
+            producer.poll(0)
+            i += chunk
+        producer.flush(_TIMEOUT_S)
+
+    def _values(self, df: pl.DataFrame) -> list[bytes]:
+        if self.value_format == "raw":
+            if "value" not in df.columns:
+                raise SinkError(
+                    f"KafkaSink({self.topic!r}) with value_format='raw' needs a 'value' "
+                    f"column; the batch has {df.columns}"
+                )
+            return self._column_bytes(df, pl.col("value"))  # type: ignore[return-value]
+        text = df.write_ndjson()
+        lines = text.encode().split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        if len(lines) != df.height:
+            raise SinkError(
+                f"KafkaSink({self.topic!r}): serialized {len(lines)} lines for {df.height} rows"
+            )
+        return lines
+
+    @staticmethod
+    def _column_bytes(df: pl.DataFrame, expr: pl.Expr) -> list[bytes | None]:
+        series = df.select(expr).to_series()
+        if series.dtype != pl.Binary:
+            series = series.cast(pl.String).cast(pl.Binary)
+        return series.to_list()
+
+    def _ensure_commit_topic(self, base: dict[str, Any]) -> None:
+        """Create the one-partition bookkeeping topic when it does not exist."""
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient(base)
+        meta = admin.list_topics(topic=self.commit_topic, timeout=_TIMEOUT_S)
+        info = meta.topics.get(self.commit_topic)
+        if info is not None and info.error is None and info.partitions:
+            return
+        futures = admin.create_topics(
+            [NewTopic(self.commit_topic, num_partitions=1, replication_factor=-1)],
+            request_timeout=_TIMEOUT_S,
+        )
+        try:
+            futures[self.commit_topic].result()
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise SinkError(
+                    f"KafkaSink: cannot create the bookkeeping topic {self.commit_topic!r}: "
+                    f"{exc.args[0]}"
+                ) from None
