@@ -643,7 +643,7 @@ def demo(
         Path, typer.Option(metavar="DIR", help="Checkpoint directory.")
     ] = Path("demo-output/checkpoint"),
     output: Annotated[
-        Path, typer.Option(metavar="DIR", help="Where the Parquet output goes.")
+        Path, typer.Option(metavar="DIR", help="The Delta table the alerts go to.")
     ] = Path("demo-output/alerts"),
     rows_per_second: Annotated[float, typer.Option(min=1, metavar="N",
                                                   help="Generated rows per second.")]
@@ -680,7 +680,7 @@ def demo(
         f"  checkpoint: {escape(str(chk_dir))}  (run the demo again to continue from it; "
         f"`microbatch status {escape(str(chk_dir))}` shows its batches)\n"
         "read the output with:\n"
-        f"  [cyan]import microbatch as mb; df = mb.read_parquet_output({str(out_dir)!r})[/]",
+        f"  [cyan]import polars as pl; df = pl.read_delta({str(out_dir)!r})[/]",
         soft_wrap=True,
     )
 

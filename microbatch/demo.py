@@ -8,9 +8,10 @@ Used by ``microbatch demo``, and a job file like any other::
 Pipeline (the design scenario): ``mb.generate`` (4 partitions, 200,000
 Zipf-skewed cards, events up to 5 s out of order, 0.5 % arriving minutes
 late) -> event-time watermark 5 s -> per card and 10-second tumbling window:
-count and total -> alert where a card made 3 or more payments in the minute
--> ``write_parquet``. Rows that arrive after their window closed go to a
-side output next to the alerts (``<output>-late``), never silently dropped.
+count and total -> alert where a card made 3 or more payments in the window
+-> a local Delta table (one commit per batch, exactly once). Rows that arrive
+after their window closed go to a side output next to the alerts
+(``<output>-late``, Parquet), never silently dropped.
 Each alert has a deterministic ``alert_id`` from (card, window), so a replay
 can never page twice. It needs no external service.
 """
@@ -76,4 +77,4 @@ def build(params: dict[str, str]) -> mb.DataStreamWriter:
 
     late = ParquetSink(f"{output.rstrip('/')}-late")
     stream = pipeline(transactions(rows_per_second=rate, seed=seed))
-    return stream.on_late(late).write_parquet(output)
+    return stream.on_late(late).write_delta(output)

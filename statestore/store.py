@@ -57,6 +57,8 @@ class StateStore:
         self._schema = schema
         self._version = version
         self._hash_bits = hash_bits
+        self._mutations = 0
+        self._last_lookup: tuple[int, np.ndarray, list[Parts], np.ndarray] | None = None
         self._rows = RowStore(schema.columns, capacity=expected_rows)
         self._index = HashIndex(expected_rows)
         self._time_name = schema.time_column
@@ -99,7 +101,9 @@ class StateStore:
         self._check_open()
         schema = self._schema
         frame = schema.conform(keys, schema.keys, "lookup")
-        _, _, rows, _ = self._find(frame)
+        hashes, parts, rows, _ = self._find(frame)
+        # kept for upsert(..., keys_from_lookup=True): the same keys need no second probe
+        self._last_lookup = (self._mutations, hashes, parts, rows)
         found = rows >= 0
         values = self._rows.frame(schema.values, np.where(found, rows, 0), found)
         return frame.hstack(values).with_columns(pl.Series(FOUND_COLUMN, found))
@@ -111,18 +115,33 @@ class StateStore:
 
     # ------------------------------------------------------------- mutations
 
-    def upsert(self, rows: pl.DataFrame) -> None:
+    def upsert(self, rows: pl.DataFrame, *, keys_from_lookup: bool = False) -> None:
         """Insert or replace rows by key. Cost: O(len(rows)).
 
         ``rows`` holds exactly the key and value columns (cast to the schema);
         a key may appear once per call, else StateStoreError.
+
+        ``keys_from_lookup=True`` promises that ``rows`` has exactly the keys,
+        in the same order, of the last ``lookup`` call, and that those keys were
+        unique; the store then reuses that lookup's hashing and probing instead of
+        doing them again (the read-merge-write of an aggregation). A mutation in
+        between, or a different row count, is refused.
         """
         self._check_open()
         schema = self._schema
         extra = [c for c in rows.columns if schema.spec(c) is None]
         if extra:
             raise StateStoreError(f"upsert: columns {extra} are not in the state schema")
-        self._upsert(schema.conform(rows, schema.columns, "upsert"), track=True)
+        cached = None
+        if keys_from_lookup:
+            last = self._last_lookup
+            if last is None or last[0] != self._mutations or len(last[1]) != rows.height:
+                raise StateStoreError(
+                    "upsert(keys_from_lookup=True) needs the rows of the last lookup() with "
+                    "no change to the store in between; call upsert without it"
+                )
+            cached = last[1:]
+        self._upsert(schema.conform(rows, schema.columns, "upsert"), track=True, cached=cached)
 
     def delete(self, keys: pl.DataFrame) -> None:
         """Delete rows by key; absent keys are ignored. Cost: O(len(keys))."""
@@ -308,15 +327,25 @@ class StateStore:
                 f"(e.g. {dup.row(0, named=True)}); aggregate the batch per key first"
             )
 
-    def _upsert(self, frame: pl.DataFrame, *, track: bool) -> None:
+    def _upsert(
+        self,
+        frame: pl.DataFrame,
+        *,
+        track: bool,
+        cached: tuple[np.ndarray, list[Parts], np.ndarray] | None = None,
+    ) -> None:
         if not frame.height:
             return
+        self._mutations += 1
         schema = self._schema
-        keys = frame.select(schema.key_names)
-        hashes = schema.hash_keys(keys, self._hash_bits)
-        if track:
-            self._check_unique(keys, hashes)
-        hashes, key_parts, found, _ = self._find(keys, hashes)
+        if cached is not None:
+            hashes, key_parts, found = cached
+        else:
+            keys = frame.select(schema.key_names)
+            hashes = schema.hash_keys(keys, self._hash_bits)
+            if track:
+                self._check_unique(keys, hashes)
+            hashes, key_parts, found, _ = self._find(keys, hashes)
         parts: dict[str, Parts] = dict(zip(schema.key_names, key_parts, strict=True))
         parts.update((c.name, c.to_parts(frame[c.name])) for c in schema.values)
         old = np.flatnonzero(found >= 0)
@@ -377,6 +406,7 @@ class StateStore:
         return ok
 
     def _delete(self, keys: pl.DataFrame, *, track: bool) -> None:
+        self._mutations += 1
         if not keys.height or not self._rows.live:
             return
         _, _, rows, slots = self._find(keys)
@@ -395,6 +425,7 @@ class StateStore:
     def _remove_rows(self, rows: np.ndarray, frame: pl.DataFrame | None = None) -> pl.DataFrame:
         """Remove distinct live ``rows`` (found by slot, not key); return their contents."""
         out = self._rows.frame(self._schema.columns, rows) if frame is None else frame
+        self._mutations += 1
         if rows.size:
             self._index.remove(self._index.locate(rows, self._rows.hashes))
             self._rows.release(rows)

@@ -183,7 +183,7 @@ class WindowAggregate(StatefulOperator):
                 .collect()
             )
             merged = self._merge(store, partials)
-            store.upsert(merged)
+            store.upsert(merged, keys_from_lookup=True)
         emitted = self._emit(store, merged, wm)
         ctx.metrics[self.operator_id] = {
             **store.metrics,

@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from statestore import StateStoreProvider
+from statestore import StateStoreError, StateStoreProvider
 
 
 @pytest.mark.parametrize("updates", range(1, 10))
@@ -28,3 +28,27 @@ def test_moved_times_expire_after_index_merges(tmp_path: Path, updates: int) -> 
     popped = store.pop_expired(10_000)
     assert sorted(popped["k"].to_list()) == list(range(100))
     assert store.num_rows == 0
+
+
+def test_upsert_reusing_the_lookup_equals_a_plain_upsert(tmp_path: Path) -> None:
+    schema = ({"k": pl.Int64}, {"n": pl.Int64, "e": pl.Int64})
+    plain = StateStoreProvider(tmp_path / "a", *schema, time_column="e").load(0)
+    reuse = StateStoreProvider(tmp_path / "b", *schema, time_column="e").load(0)
+    for step in range(4):
+        keys = pl.DataFrame({"k": [(step * 7 + i) % 13 for i in range(9)]}).unique(
+            maintain_order=True
+        )
+        for store, flag in ((plain, False), (reuse, True)):
+            old = store.lookup(keys)
+            merged = old.select(
+                "k",
+                (pl.col("n").fill_null(0) + 1).alias("n"),
+                (pl.col("k") + step).alias("e"),
+            )
+            store.upsert(merged, keys_from_lookup=flag)
+        assert plain.to_frame().sort("k").equals(reuse.to_frame().sort("k"))
+        assert plain.pop_expired(step + 3).sort("k").equals(reuse.pop_expired(step + 3).sort("k"))
+    reuse.lookup(pl.DataFrame({"k": [1, 2]}))
+    reuse.delete(pl.DataFrame({"k": [1]}))
+    with pytest.raises(StateStoreError, match="no change to the store in between"):
+        reuse.upsert(pl.DataFrame({"k": [1, 2], "n": [0, 0], "e": [0, 0]}), keys_from_lookup=True)
