@@ -24,8 +24,8 @@ def steps() -> list[tuple[str, str]]:
         if lang == "python":
             out.append(("python", body))
             continue
-        for line in body.replace("\\\n", " ").splitlines():
-            line = " ".join(line.split("#")[0].split())
+        for raw in body.replace("\\\n", " ").splitlines():
+            line = " ".join(raw.split("#")[0].split())
             if line.startswith(".venv/bin/microbatch") and "$BS" not in line:
                 out.append(("cli", line))
     return out
