@@ -46,11 +46,9 @@ def test_readme_walkthrough_runs(tmp_path: Path) -> None:
                 timeout=300,
             )
         else:
-            args = shlex.split(text)
-            args[0] = cli
-            args = [
+            args = [cli] + [
                 str(ROOT / a) if a.startswith("jobs/") else a.replace("/tmp/", f"{tmp_path}/")
-                for a in args
+                for a in shlex.split(text)[1:]
             ]
             proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"{text}\n{proc.stdout}\n{proc.stderr}"
