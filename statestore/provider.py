@@ -54,7 +54,8 @@ class StateStoreProvider:
     retention_versions
         How many of the newest committed versions stay loadable.
     compression
-        Arrow IPC compression of the files.
+        Arrow IPC compression of the files (lz4 by default: the commit is on every
+        batch's path, and lz4 writes about a third faster than zstd).
     max_changelog_chain, min_snapshot_bytes
         Snapshot policy (see the module docstring).
     """
@@ -67,7 +68,7 @@ class StateStoreProvider:
         *,
         time_column: str | None = None,
         retention_versions: int = 100,
-        compression: Compression = "zstd",
+        compression: Compression = "lz4",
         max_changelog_chain: int = 100,
         min_snapshot_bytes: int = 1 << 20,
         _hash_bits: int = 64,

@@ -37,6 +37,7 @@ from microbatch.operators.base import (
     LATE_REASON,
     OperatorContext,
     StatefulOperator,
+    check_input_types,
     check_signature,
 )
 from microbatch.watermark import event_time_ms
@@ -141,9 +142,16 @@ class WindowAggregate(StatefulOperator):
             assert self.state_dir is not None
             _write_schema(self.state_dir / "schema.arrow", schema)
             self._make_provider(schema)
+        elif df.width:
+            self._check_types(df, batch_id)
         assert self.provider is not None
         self.store = self.provider.load(batch_id)
         return self.store
+
+    def _check_types(self, df: pl.DataFrame, batch_id: int) -> None:
+        """The batch's keys and aggregated columns have the state's types."""
+        check_input_types(self.state_dir, batch_id, recorded=dict(self.row_schema),
+                          schema=df.schema, keys=self.keys, aggs=self.aggs)
 
     def commit(self) -> None:
         if self.store is not None:
@@ -308,9 +316,9 @@ class WindowAggregate(StatefulOperator):
             and self.output_mode == "append"
         ):
             out.append(pl.col(REV).alias("revision"))
-        sort = (["window_start"] if self.window is not None else []) + self.keys
-        result = rows.select(out)
-        return result.sort(sort, maintain_order=True) if result.height > 1 and sort else result
+        # NOTE: no sort here: popped windows already come ordered by (end, keys) from the
+        # store, merged rows in the batch's deterministic group_by order.
+        return rows.select(out)
 
 
 def _ms_to(expr: pl.Expr, dtype: pl.DataType) -> pl.Expr:
