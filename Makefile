@@ -6,12 +6,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench soak clean
+.PHONY: demo test lint bench bench-peers soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo 'warning: could not install chromium (tests/observability renders the report with it)'; fi
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -26,6 +27,16 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# This engine vs Spark Structured Streaming, Bytewax and Quix Streams on the same data
+# (benchmarks/compare.py). The peers live in their own venv: quixstreams pins an older
+# confluent-kafka than the dev venv's. ARGS=--quick for the 1M-event smoke run.
+BENCH_VENV ?= benchmarks/.venv-peers
+bench-peers:
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench]' || true
+	$(BENCH_VENV)/bin/python -m benchmarks.compare --install $(ARGS)
 
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache .ruff_cache

@@ -1,5 +1,7 @@
 """``python -m benchmarks [WORKLOAD ...] [--quick] [--out DIR]``.
 
+``python -m benchmarks compare [...]`` runs :mod:`benchmarks.compare` instead.
+
 Runs the chosen workloads (all by default), each phase in its own
 subprocess, prints a Markdown table and writes ``<out>/results.md``,
 ``<out>/results.json`` and, when matplotlib is importable,
@@ -41,6 +43,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:  # python -m benchmarks compare ... (vs Spark, Bytewax, Quix)
+        from benchmarks.compare import main as compare_main
+
+        return compare_main(argv[1:])
     args = parse_args(argv)
     cfg = Config(quick=args.quick, reps=args.reps)
     timeout = args.timeout or (900.0 if cfg.quick else 3600.0)

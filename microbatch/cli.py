@@ -1,4 +1,5 @@
-"""The ``microbatch`` command line: ``run``, ``status`` and ``demo``.
+"""The ``microbatch`` command line: ``run``, ``status``, ``report``, ``demo``,
+``backfill`` and ``diff``.
 
 Exit codes:
 
@@ -249,6 +250,7 @@ class BatchLines:
             f"{record.get('input_rows', 0)} rows in, {record.get('output_rows', 0)} rows out, "
             f"{'-' if rate is None else f'{rate:.0f}'} rows/s, "
             f"{durations.get('total', 0):.0f} ms ({steps})"
+            f"{_lag_and_watermark(record)}"
             f"{' [recovered]' if record.get('recovered') else ''}"
             f"{' [falling behind]' if record.get('falling_behind') else ''}"
         )
@@ -261,6 +263,25 @@ class BatchLines:
     def note(self, message: str) -> None:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
+
+
+def _lag_and_watermark(record: dict[str, Any]) -> str:
+    """``, lag 1200 records (oldest 3.1 s), late 2, watermark 12:00:05 (lag 9.8 s)``."""
+    parts = []
+    lag, lag_s = record.get("source_lag_records"), record.get("source_lag_seconds")
+    if lag is not None:
+        units = {(s.get("lag") or {}).get("unit") for s in record.get("sources") or []}
+        unit = "files" if units == {"files"} else "records"
+        oldest = f" (oldest {lag_s:.1f} s)" if lag_s else ""
+        parts.append(f"lag {lag} {unit}{oldest}")
+    if record.get("late_rows"):
+        parts.append(f"late {record['late_rows']}")
+    watermark = record.get("next_watermark_ms")
+    if watermark is not None:
+        wm_lag = record.get("reported_at_ms", watermark) - watermark
+        parts.append(f"watermark {(_fmt_ms_time(watermark) or '')[11:19]} "
+                     f"(lag {wm_lag / 1000:.1f} s)")
+    return "".join(f", {p}" for p in parts)
 
 
 class LiveLine:
@@ -301,6 +322,13 @@ class LiveLine:
         text.append(f"  batch {last['batch_id']}", style="bold cyan")
         text.append(f" │ {_fmt_int(rate)} rows/s │ in {_fmt_int(last.get('input_rows'))}"
                     f" │ out {_fmt_int(last.get('output_rows'))} │ {stats.batches} batches")
+        if last.get("source_lag_records") is not None:
+            text.append(f" │ lag {_fmt_int(last['source_lag_records'])}")
+        watermark = last.get("next_watermark_ms")
+        if watermark is not None:
+            lag_s = time.time() - watermark / 1000
+            text.append(f" │ watermark {(_fmt_ms_time(watermark) or '')[11:19]} "
+                        f"(lag {lag_s:.1f} s)")
         if last.get("falling_behind"):
             text.append(" │ falling behind", style="bold red")
         return text
@@ -367,16 +395,22 @@ def _run_query(
     stopper: StopOnSignal,
     display: BatchLines | LiveLine,
     seconds: float = 0,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> tuple[StreamingQuery, RunStats, QueryTerminatedError | None]:
     """Start ``writer`` and follow it until it ends.
 
     Raises what ``start`` raises (a locked, corrupt or unwritable checkpoint,
-    a source or sink that cannot open); returns the error of a query that
-    failed while running instead of raising it, with the query and its totals.
+    a source or sink that cannot open, a metrics port in use); returns the
+    error of a query that failed while running instead of raising it, with
+    the query and its totals.
     """
     baseline = _latest_progress_id(checkpoint)
-    query = writer.start(checkpoint, trigger, name=name)
+    query = writer.start(checkpoint, trigger, name=name, metrics_port=metrics_port,
+                         metrics_host=metrics_host)
     stopper.attach(query)
+    if query.metrics_url:
+        display.note(f"serving Prometheus metrics on {query.metrics_url}")
     stats = RunStats()
     seen = baseline
     error: QueryTerminatedError | None = None
@@ -435,6 +469,7 @@ def _finish(query: StreamingQuery, stats: RunStats, stopper: StopOnSignal) -> No
 def run(
     job: Annotated[Path, typer.Argument(help="The job file: a .py defining build(params).",
                                         metavar="JOB.py", show_default=False)],
+    *,
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help=(
         "Checkpoint directory: makes the query restartable exactly where it stopped."),
         metavar="DIR", show_default=False)],
@@ -447,6 +482,13 @@ def run(
     name: Annotated[str | None, typer.Option(metavar="NAME",
                                                 help="A name for the query (logs, progress).")]
     = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        min=0, max=65535, metavar="PORT",
+        help="Serve Prometheus metrics on http://HOST:PORT/metrics while running "
+             "(0: any free port).")] = None,
+    metrics_host: Annotated[str, typer.Option(
+        metavar="HOST", help="Address the metrics are served on (0.0.0.0: every "
+                             "interface).")] = "127.0.0.1",
 ) -> None:
     """Run a job file until its trigger ends or SIGINT/SIGTERM stops it."""
     from microbatch.jobfile import build_writer
@@ -458,7 +500,9 @@ def run(
             writer = build_writer(job, params)
             display = LiveLine("microbatch") if out.is_terminal else BatchLines()
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
-                                             name=name, stopper=stopper, display=display)
+                                             name=name, stopper=stopper, display=display,
+                                             metrics_port=metrics_port,
+                                             metrics_host=metrics_host)
     except _user_errors() as exc:
         raise _fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:
@@ -472,166 +516,105 @@ def run(
 
 
 def status_document(checkpoint: Path, *, last: int = 10) -> dict[str, Any]:
-    """Everything ``microbatch status`` shows, as one JSON-serializable dict."""
-    from microbatch.checkpoint import Checkpoint, read_lock_owner
-    from microbatch.progress import load_progress
+    """Everything ``microbatch status`` shows (see :mod:`microbatch.status`)."""
+    from microbatch.status import status_document as document
 
-    root = checkpoint.expanduser()
-    if not root.exists():
-        raise CliError(f"checkpoint directory {root} does not exist")
-    if not root.is_dir():
-        raise CliError(f"{root} is not a directory; pass a checkpoint directory")
-    chk = Checkpoint(root)
-    if not chk.exists():
-        raise CliError(
-            f"{chk.root} is not a microbatch checkpoint (it has no metadata file); pass the "
-            "directory that was given to --checkpoint"
-        )
-    meta = chk.read_metadata()
-    try:
-        running: bool | None = chk.is_running()
-    except OSError:
-        running = None  # e.g. a read-only copy of a checkpoint: cannot probe the lock
-    owner = read_lock_owner(chk.root / "lock") if running else None
-    assert chk.offsets is not None
-    assert chk.commits is not None
-    planned = chk.offsets.latest()
-    committed = chk.commits.latest()
-    pending = planned is not None and (committed is None or committed[0] < planned[0])
-    records = load_progress(chk.progress_dir, limit=max(last, 1))
-    descriptions = {s["id"]: s.get("description") for s in (records[-1]["sources"]
-                                                           if records else [])}
-    sources = [
-        {"id": sid, "start_offset": r.get("start"), "end_offset": r.get("end"),
-         "description": descriptions.get(sid)}
-        for sid, r in (planned[1]["sources"].items() if planned else [])
-    ]
-    if committed is not None and not pending:
-        watermark_ms = committed[1].get("next_watermark_ms")
-    else:
-        watermark_ms = planned[1].get("watermark_ms") if planned else None
-    batches = [
-        {
-            "batch_id": r["batch_id"],
-            "time": _fmt_ms_time(r.get("timestamp_ms")),
-            "input_rows": r.get("input_rows"),
-            "output_rows": r.get("output_rows"),
-            "input_rows_per_second": r.get("input_rows_per_second"),
-            "processed_rows_per_second": r.get("processed_rows_per_second"),
-            "duration_ms": (r.get("duration_ms") or {}).get("total"),
-            "recovered": r.get("recovered", False),
-        }
-        for r in records
-    ]
-    return {
-        "checkpoint": str(chk.root),
-        "query_id": meta.get("query_id"),
-        "created_at": meta.get("created_at"),
-        "state": {True: "running", False: "stopped", None: "unknown"}[running],
-        "running": running,
-        "lock_owner": owner,
-        "last_planned_batch": planned[0] if planned else None,
-        "last_committed_batch": committed[0] if committed else None,
-        "pending_recovery": pending,
-        "sources": sources,
-        "watermark_ms": watermark_ms,
-        "watermark": _fmt_ms_time(watermark_ms),
-        "recent_batches": batches,
-        **_averages(records),
-    }
+    return document(checkpoint, last=last)
 
 
-def _averages(records: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Input rate over the wall-clock span of ``records``; processing rate over their time."""
-    busy_s = sum((r.get("duration_ms") or {}).get("total", 0) for r in records) / 1000
-    rows = sum(int(r.get("input_rows") or 0) for r in records)
-    span_s = (records[-1]["timestamp_ms"] - records[0]["timestamp_ms"]) / 1000 if records else 0
-    arrived = rows - int(records[0].get("input_rows") or 0) if records else 0
-    return {
-        "avg_input_rows_per_second": round(arrived / span_s, 1) if span_s > 0 else None,
-        "avg_processed_rows_per_second": round(rows / busy_s, 1) if busy_s > 0 else None,
-    }
-
-
-def _print_status(doc: dict[str, Any]) -> None:
-    summary = Table.grid(padding=(0, 2))
-    summary.add_column(style="bold")
-    summary.add_column()
-    if doc["running"]:
-        owner = doc["lock_owner"] or {}
-        state = (f"[green]running[/] (pid {owner.get('pid', '?')} on {owner.get('host', '?')}, "
-                 f"since {owner.get('started_at', '?')})")
-    else:
-        state = "[dim]stopped[/]" if doc["running"] is False else "[yellow]unknown[/]"
-    pending = doc["pending_recovery"]
-    rows = [
-        ("checkpoint", escape(doc["checkpoint"])),
-        ("query id", doc["query_id"]),
-        ("created at", doc["created_at"]),
-        ("state", state),
-        ("last planned batch", _or_none(doc["last_planned_batch"])),
-        ("last committed batch", _or_none(doc["last_committed_batch"])),
-        ("pending recovery", f"[yellow]yes: batch {doc['last_planned_batch']} is re-run on the "
-                             "next start[/]" if pending else "no"),
-        ("watermark", doc["watermark"] or "none"),
-        ("avg input rows/s", _fmt_int(doc["avg_input_rows_per_second"])),
-        ("avg processed rows/s", _fmt_int(doc["avg_processed_rows_per_second"])),
-    ]
-    for key, value in rows:
-        summary.add_row(key, str(value))
-    out.print(summary)
-    if doc["sources"]:
-        table = Table(title=f"sources of batch {doc['last_planned_batch']}", title_justify="left",
-                      box=box.SIMPLE_HEAD)
-        for col in ("id", "source", "start offset", "end offset"):
-            table.add_column(col, overflow="fold")
-        for s in doc["sources"]:
-            desc = s["description"] or {}
-            table.add_row(
-                s["id"], escape(str(desc.get("kind", desc) if desc else "-")),
-                escape(json.dumps(s["start_offset"], separators=(",", ":"))),
-                escape(json.dumps(s["end_offset"], separators=(",", ":"))),
-            )
-        out.print(table)
-    if doc["recent_batches"]:
-        table = Table(title="recent batches", title_justify="left", box=box.SIMPLE_HEAD)
-        for col in ("batch", "time UTC", "rows in", "rows out", "rows/s in", "rows/s done", "ms"):
-            table.add_column(col, justify="right", no_wrap=True)
-        for b in doc["recent_batches"]:
-            table.add_row(
-                f"{b['batch_id']}{' (recovered)' if b['recovered'] else ''}",
-                (b["time"] or "-")[11:23],
-                _fmt_int(b["input_rows"]), _fmt_int(b["output_rows"]),
-                _fmt_int(b["input_rows_per_second"]), _fmt_int(b["processed_rows_per_second"]),
-                "-" if b["duration_ms"] is None else f"{b['duration_ms']:.1f}",
-            )
-        out.print(table)
-
-
-def _or_none(value: int | None) -> str:
-    return "none" if value is None else str(value)
+WATCH_MIN_S, WATCH_MAX_S = 0.2, 3600.0
+"""Bounds of ``status --watch`` (seconds between refreshes)."""
 
 
 @app.command()
 def status(
     checkpoint: Annotated[Path, typer.Argument(help="The query's checkpoint directory.",
                                                metavar="CHECKPOINT", show_default=False)],
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object "
+                                          "(with --watch: one per line).")] = False,
     last: Annotated[
         int, typer.Option(min=1, metavar="N", help="How many recent batches to show.")
     ] = 10,
+    watch: Annotated[float | None, typer.Option(
+        min=WATCH_MIN_S, max=WATCH_MAX_S, metavar="SECONDS",
+        help="Refresh every SECONDS until Ctrl-C (which exits 0).")] = None,
+    count: Annotated[int | None, typer.Option(
+        min=1, metavar="K", help="With --watch: stop after K refreshes.")] = None,
 ) -> None:
-    """Show where a query is (running or stopped) from its checkpoint."""
+    """Show where a query is (running, stopped or failed), its lag, state and alarms.
+
+    Reads only the checkpoint, so it works on a running query (from any
+    process) as on a stopped one.
+    """
+    from microbatch.status_view import render_status
+
+    def document() -> dict[str, Any]:
+        try:
+            return status_document(checkpoint, last=last)
+        except _user_errors() as exc:
+            raise _fail(str(exc), 2) from None
+        except OSError as exc:
+            raise _fail(f"cannot read checkpoint {checkpoint}: {exc}", 2) from None
+
+    def show(doc: dict[str, Any]) -> None:
+        if as_json:
+            sys.stdout.write(json.dumps(doc, default=str) + "\n")
+            sys.stdout.flush()
+        else:
+            out.print(render_status(doc))
+
+    if watch is None:
+        show(document())
+        return
+    shown = 0
     try:
-        doc = status_document(checkpoint, last=last)
+        if out.is_terminal and not as_json:
+            with Live(render_status(document()), console=out, auto_refresh=False,
+                      screen=False) as live:
+                shown = 1
+                while count is None or shown < count:
+                    time.sleep(watch)
+                    live.update(render_status(document()), refresh=True)
+                    shown += 1
+            return
+        while count is None or shown < count:
+            if shown:
+                time.sleep(watch)
+                if not as_json:
+                    out.print(f"[dim]--- {_fmt_ms_time(int(time.time() * 1000))}[/]")
+            show(document())
+            shown += 1
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+# ------------------------------------------------------------------ report
+
+
+@app.command()
+def report(
+    checkpoint: Annotated[Path, typer.Argument(help="The query's checkpoint directory.",
+                                               metavar="CHECKPOINT", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE.html",
+                                         help="The HTML page to write.")] = Path("report.html"),
+) -> None:
+    """Write an HTML page of plots over the recorded batches (PNGs next to it).
+
+    Rows/s in and processed, batch duration against the trigger interval,
+    watermark lag, source lag, state size, late and dead-letter rows, and
+    end-to-end latency; the page embeds the images, so it is one file to
+    share.
+    """
+    from microbatch.report import write_report
+
+    try:
+        written = write_report(checkpoint, output)
     except _user_errors() as exc:
         raise _fail(str(exc), 2) from None
     except OSError as exc:
-        raise _fail(f"cannot read checkpoint {checkpoint}: {exc}", 2) from None
-    if as_json:
-        sys.stdout.write(json.dumps(doc, default=str) + "\n")
-    else:
-        _print_status(doc)
+        raise _fail(f"cannot write the report to {output}: {exc}", 2) from None
+    err.print(f"report written: {escape(str(written.html))} "
+              f"({written.batches} batches, {len(written.images)} plots)", soft_wrap=True)
 
 
 # ------------------------------------------------------------------ demo

@@ -104,6 +104,17 @@ class _Span:
         self.durations[self.name] = round(self.durations.get(self.name, 0.0) + elapsed, 3)
 
 
+def next_tick(started: float, interval_ms: int) -> float:
+    """The start (seconds) of the interval after the one containing ``started``.
+
+    Ticks sit on multiples of the interval of the wall clock, so batches never
+    drift; when a batch overruns, the next tick is already past and the next
+    batch starts at once (and its progress says ``falling_behind``).
+    """
+    started_ms = round(started * 1000)  # whole milliseconds: no float drift at boundaries
+    return (started_ms // interval_ms + 1) * interval_ms / 1000
+
+
 class MicroBatchExecution:
     """Runs one query: recovers from its checkpoint, then batches per trigger."""
 
@@ -476,54 +487,20 @@ class MicroBatchExecution:
             self.checkpoint.commits.purge_before(keep_from)
 
     def report(self, batch: PlannedBatch, result: BatchResult) -> None:
-        """Step 7: one progress record for the batch."""
-        durations = batch.durations_ms
-        total_ms = sum(durations.values())
-        rows = sum(result.input_rows.values())
-        interval_s = (
-            self.trigger.interval_ms / 1000 if isinstance(self.trigger, ProcessingTime) else None
+        """Step 7: one progress record for the batch.
+
+        The fields are listed in :mod:`microbatch.batch_metrics`; the record
+        goes to ``query.recent_progress``, ``chk/progress/N`` and the
+        ``microbatch.progress`` logger (one JSON line).
+        """
+        from microbatch.batch_metrics import progress_record
+
+        interval_ms = (
+            self.trigger.interval_ms if isinstance(self.trigger, ProcessingTime) else None
         )
-        previous = self.progress.recent[-1] if self.progress.recent else None
-        since_last_s = (
-            (batch.timestamp_ms - previous["timestamp_ms"]) / 1000
-            if previous and previous.get("run_id") == self.run_id
-            else None
+        record = progress_record(
+            self, batch, result, now_ms=int(self.clock() * 1000), interval_ms=interval_ms
         )
-        now_ms = int(self.clock() * 1000)
-        record: dict[str, Any] = {
-            "query_id": self.query_id,
-            "run_id": self.run_id,
-            "name": self.name,
-            "batch_id": batch.batch_id,
-            "timestamp_ms": batch.timestamp_ms,
-            "recovered": batch.recovered,
-            "trigger": str(self.trigger),
-            "input_rows": rows,
-            "input_rows_per_second": round(rows / since_last_s, 1) if since_last_s else None,
-            "processed_rows_per_second": round(rows / (total_ms / 1000), 1) if total_ms else None,
-            "output_rows": result.output_rows,
-            "dead_letter_rows": result.dead_letter_rows,
-            "late_rows": result.late_rows,
-            "watermark_ms": batch.watermark_ms,
-            "next_watermark_ms": self.tracker.current,
-            "watermark_lag_ms": (
-                now_ms - batch.watermark_ms if batch.watermark_ms is not None else None
-            ),
-            "duration_ms": {**durations, "total": round(total_ms, 3)},
-            "falling_behind": bool(interval_s and total_ms / 1000 > interval_s),
-            "sources": [
-                {
-                    "id": sid,
-                    "description": self.sources[sid].describe(),
-                    "start_offset": start,
-                    "end_offset": end,
-                    "input_rows": result.input_rows.get(sid, 0),
-                }
-                for sid, (start, end) in batch.ranges.items()
-            ],
-            "state": result.state,
-            "sink": {"description": self.sink.describe(), "output_rows": result.output_rows},
-        }
         self.falling_behind = record["falling_behind"]
         self.progress.add(record)
 
@@ -561,8 +538,7 @@ class MicroBatchExecution:
                 if not ran:
                     self._sleep(IDLE_POLL_S)
                 continue
-            next_tick = (tick // interval_s + 1) * interval_s
-            self._sleep(max(0.0, next_tick - self.clock()))
+            self._sleep(max(0.0, next_tick(tick, trigger.interval_ms) - self.clock()))
 
     def _idle_now(self) -> None:
         with self.cond:

@@ -14,15 +14,21 @@ from typing import Any
 import polars as pl
 
 from microbatch.exceptions import PlanError
-from microbatch.operators.base import OperatorContext, StatefulOperator
+from microbatch.operators.base import OperatorContext, StatefulOperator, check_operator_set
+from microbatch.operators.join_state import BinaryOperator
 from microbatch.operators.window_agg import WindowAggregate
 from microbatch.plan import (
+    JOIN_NODES,
     AggregateNode,
+    AsOfJoinNode,
     DedupeNode,
+    IntervalJoinNode,
     PlanNode,
     SourceNode,
+    StaticJoinNode,
     StepNode,
     WatermarkNode,
+    WindowJoinNode,
 )
 from microbatch.sources.base import Source
 from microbatch.watermark import PARTITION_COLUMN, WatermarkSpec, WatermarkTracker
@@ -90,6 +96,9 @@ class BatchExecutor:
                     within_ms=node.within_ms,
                     time_column=node.time_column,
                 )
+            elif isinstance(node, IntervalJoinNode | AsOfJoinNode | StaticJoinNode):
+                self._ops[id(node)] = build_join_operator(node, f"join-{len(self._ops)}")
+        validate_joins(plan, output_mode)
         self.tracker = WatermarkTracker(specs)
         self.operators: list[StatefulOperator] = list(self._ops.values())
 
@@ -99,6 +108,8 @@ class BatchExecutor:
 
     def open(self, state_root: Path | None, batch_id: int) -> None:
         """Bind operators to their state directories before batch ``batch_id``."""
+        if state_root is not None:
+            check_operator_set(state_root, batch_id, self.operators)
         for op in self.operators:
             op.open(None if state_root is None else state_root / op.operator_id, batch_id)
 
@@ -126,7 +137,24 @@ class BatchExecutor:
             df = self._lazy(node.child, inputs, ctx).collect()
             df = df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
             return self._ops[id(node)].process(df, ctx).lazy()
+        if isinstance(node, StaticJoinNode):
+            df = self._lazy(node.child, inputs, ctx).collect()
+            return self._ops[id(node)].process(df, ctx).lazy()
+        if isinstance(node, IntervalJoinNode | AsOfJoinNode | WindowJoinNode):
+            left, right = (self._visible(child, inputs, ctx) for child in node.children)
+            if isinstance(node, WindowJoinNode):
+                return window_join(left, right, node).lazy()
+            op = self._ops[id(node)]
+            assert isinstance(op, BinaryOperator)
+            return op.process_pair(left, right, ctx).lazy()
         raise PlanError(f"the engine cannot run plan node {node.label()} yet")
+
+    def _visible(
+        self, node: PlanNode, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext
+    ) -> pl.DataFrame:
+        """A join input's rows of this batch without the engine's hidden columns."""
+        df = self._lazy(node, inputs, ctx).collect()
+        return df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
 
     def commit(self) -> None:
         for op in self.operators:
@@ -141,6 +169,69 @@ class BatchExecutor:
 
     def state_metrics(self) -> dict[str, Any]:
         return {op.operator_id: op.metrics() for op in self.operators}
+
+
+def build_join_operator(
+    node: IntervalJoinNode | AsOfJoinNode | StaticJoinNode, operator_id: str
+) -> StatefulOperator:
+    """The runtime operator of a join node."""
+    if isinstance(node, IntervalJoinNode):
+        from microbatch.operators.interval_join import IntervalJoin
+
+        return IntervalJoin(operator_id=operator_id, spec=node.spec)
+    if isinstance(node, AsOfJoinNode):
+        from microbatch.operators.asof_join import AsOfJoin
+
+        return AsOfJoin(operator_id=operator_id, spec=node.spec)
+    from microbatch.operators.static_join import StaticJoin
+
+    return StaticJoin(operator_id=operator_id, spec=node.spec)
+
+
+def window_join(left: pl.DataFrame, right: pl.DataFrame, node: WindowJoinNode) -> pl.DataFrame:
+    """Join two windowed aggregations' rows of this batch (no state needed).
+
+    NOTE: both inputs are append-mode aggregations over the same window under
+    the query's one watermark, so a window's row leaves both of them in the
+    same batch (the first whose watermark reaches the window's end), and the
+    batch's rows alone give the complete join of every window they close.
+    """
+    on = list(node.spec.on)
+    if not left.width or not right.width:  # an input that never had a row has no columns
+        known = left if left.width else right
+        if not known.width:
+            return pl.DataFrame()
+        empty = known.select(on).head(0)
+        left, right = (left if left.width else empty), (right if right.width else empty)
+    out = left.join(
+        right,
+        on=on,
+        how=node.spec.how,
+        suffix=node.spec.suffix,
+        coalesce=True,
+        maintain_order="left_right",
+    )
+    if out.height > 1:
+        return out.sort(on, maintain_order=True, nulls_last=True)
+    return out
+
+
+def validate_joins(plan: PlanNode, mode: OutputMode) -> None:
+    """Refuse joins that cannot run in ``mode``: a stream-stream join needs final
+    input rows, so an aggregation below it must run in append mode."""
+    if mode == "append":
+        return
+    for node in plan.walk():
+        if not isinstance(node, JOIN_NODES) or isinstance(node, StaticJoinNode):
+            continue
+        below = [n for child in node.children for n in child.walk()]
+        if any(isinstance(n, AggregateNode) for n in below):
+            raise PlanError(
+                f"output_mode={mode!r}: the join {node.label()!r} has an aggregation below it, "
+                "whose rows are final only in append mode (in update mode a window's row is "
+                "re-emitted as it changes, and the join would match every version). Use "
+                "output_mode='append', or aggregate after the join."
+            )
 
 
 def input_frame(source: Source, frame: pl.DataFrame) -> pl.DataFrame:

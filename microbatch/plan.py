@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from microbatch.aggregates import AggSpec
+from microbatch.joins import AsOfJoinSpec, IntervalJoinSpec, StaticJoinSpec, WindowJoinSpec
 from microbatch.sources.base import Source
 from microbatch.watermark import WatermarkSpec
 from microbatch.windows import SessionWindowSpec, WindowSpec
@@ -186,3 +187,79 @@ class DedupeNode(PlanNode):
             f"DropDuplicates(subset={list(self.subset)}, within={self.within_ms}ms, "
             f"time={self.time_column})  [stateful]"
         )
+
+
+@dataclass(frozen=True, eq=False)
+class IntervalJoinNode(PlanNode):
+    """Stream-stream interval join of two inputs; keeps state on both sides."""
+
+    left: PlanNode
+    right: PlanNode
+    spec: IntervalJoinSpec
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.left, self.right)
+
+    def label(self) -> str:
+        s = self.spec
+        return (
+            f"IntervalJoin[{s.how}](on={list(s.on)}, {s.right_time} in [{s.left_time} "
+            f"{s.lower_ms:+d}ms, {s.left_time} {s.upper_ms:+d}ms])  [stateful]"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class WindowJoinNode(PlanNode):
+    """Two append-mode windowed aggregations joined per window (batch-local)."""
+
+    left: PlanNode
+    right: PlanNode
+    spec: WindowJoinSpec
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.left, self.right)
+
+    def label(self) -> str:
+        return f"WindowJoin[{self.spec.how}](on={list(self.spec.on)})"
+
+
+@dataclass(frozen=True, eq=False)
+class AsOfJoinNode(PlanNode):
+    """Events enriched with a changelog stream's version as of their time; keeps state."""
+
+    left: PlanNode
+    right: PlanNode
+    spec: AsOfJoinSpec
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.left, self.right)
+
+    def label(self) -> str:
+        s = self.spec
+        return (
+            f"AsOfJoin[{s.how}](on={list(s.on)}, {s.time} >= {s.dim_time}, latest version)"
+            "  [stateful]"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class StaticJoinNode(PlanNode):
+    """The child's rows joined with a static table, re-read when it changes."""
+
+    child: PlanNode
+    spec: StaticJoinSpec
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        desc = ", ".join(f"{k}={v}" for k, v in self.spec.table.describe().items())
+        return f"StaticJoin[{self.spec.how}](on={list(self.spec.on)}, {desc})"
+
+
+JOIN_NODES = (IntervalJoinNode, WindowJoinNode, AsOfJoinNode, StaticJoinNode)
+"""Every join node type."""

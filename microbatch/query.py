@@ -2,6 +2,8 @@
 
 A query runs its trigger loop in a background thread, so a notebook kernel
 or a test keeps control; the CLI waits on it with ``await_termination``.
+When a batch fails, the query thread records the error in ``chk/last_error``
+(for ``microbatch status``); a run that starts successfully removes it.
 """
 
 from __future__ import annotations
@@ -10,12 +12,19 @@ import logging
 import threading
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from microbatch.exceptions import QueryTerminatedError
 from microbatch.execution import MicroBatchExecution
+from microbatch.progress import clear_last_error, write_last_error
+
+if TYPE_CHECKING:
+    from microbatch.prometheus import MetricsServer
 
 log = logging.getLogger("microbatch.query")
+
+MAX_TRACEBACK_CHARS = 20_000
+"""The end of a failed query's traceback kept in ``chk/last_error``."""
 
 
 class StreamingQuery:
@@ -32,15 +41,23 @@ class StreamingQuery:
         self._done = threading.Event()
         self._started = threading.Event()
         self._open_failed = False
+        self._metrics: MetricsServer | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"microbatch-{name or 'query'}", daemon=True
         )
 
-    def _start(self) -> StreamingQuery:
+    def _start(
+        self, *, metrics_port: int | None = None, metrics_host: str = "127.0.0.1"
+    ) -> StreamingQuery:
+        if metrics_port is not None:  # bound first: a busy port fails before anything runs
+            from microbatch.prometheus import MetricsServer
+
+            self._metrics = MetricsServer(self, port=metrics_port, host=metrics_host)
         self._thread.start()
         self._started.wait()
         if self._open_failed:
             self._thread.join()
+            self._stop_metrics()
             assert self._exception is not None
             raise self._exception
         return self
@@ -56,17 +73,45 @@ class StreamingQuery:
             return
         self._started.set()
         try:
+            clear_last_error(self._exec.checkpoint.root)
             self._exec.run()
             self._exec.status_message = "stopped"
         except BaseException as exc:
             self._exception = exc
             self._exec.status_message = f"failed: {exc}"
             log.error("query %s failed:\n%s", self.id, traceback.format_exc())
+            self._record_error(exc)
         finally:
             self._exec.close()
+            self._stop_metrics()
             self._done.set()
             with self._exec.cond:
                 self._exec.cond.notify_all()
+
+    def _record_error(self, exc: BaseException) -> None:
+        """Write ``chk/last_error`` (the lock is still held: nobody else writes)."""
+        ex = self._exec
+        now = time.time()
+        doc = {
+            "query_id": ex.query_id,
+            "run_id": ex.run_id,
+            "name": self.name,
+            "batch_id": ex.pending.batch_id if ex.pending is not None else ex.next_batch_id,
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": traceback.format_exc()[-MAX_TRACEBACK_CHARS:],
+            "failed_at_ms": int(now * 1000),
+            "failed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        }
+        try:
+            write_last_error(ex.checkpoint.root, doc)
+        except OSError as write_error:  # never hide the query's own error
+            log.warning("could not record the error in %s: %s", ex.checkpoint.root, write_error)
+
+    def _stop_metrics(self) -> None:
+        server, self._metrics = self._metrics, None
+        if server is not None:
+            server.stop()
 
     @property
     def id(self) -> str:
@@ -113,9 +158,30 @@ class StreamingQuery:
         """Progress records of recent batches, oldest first."""
         return list(self._exec.progress.recent)
 
-    def explain(self) -> str:
-        """The logical plan, one node per line."""
-        return self._exec.plan.explain()
+    def progress_snapshot(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Recent progress records and this run's totals, taken together."""
+        return self._exec.progress.snapshot()
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus metrics are served (``start(metrics_port=...)``), or ``None``."""
+        return None if self._metrics is None else self._metrics.url
+
+    def explain(self) -> None:
+        """Print the plan with its stateful operators, state sizes and watermarks."""
+        print(self.explain_text())  # printing is the point, as in Spark
+
+    def explain_text(self) -> str:
+        """What :meth:`explain` prints: the plan annotated with live figures."""
+        from microbatch.query_view import explain_text
+
+        return explain_text(self)
+
+    def _repr_html_(self) -> str:
+        """Notebook view: status, the newest batch, and a table of recent batches."""
+        from microbatch.query_view import query_html
+
+        return query_html(self)
 
     def stop(self, timeout: float | None = None) -> None:
         """Finish the batch in flight, commit it, then stop; waits for that."""

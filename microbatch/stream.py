@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, Literal
 
 import polars as pl
@@ -11,9 +12,22 @@ import polars as pl
 from microbatch.aggregates import parse_aggregations
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import OperatorContext
+from microbatch.joins import (
+    AsOfJoinSpec,
+    IntervalJoinSpec,
+    JoinHow,
+    StaticHow,
+    StaticJoinSpec,
+    StaticTable,
+    WindowJoinSpec,
+    parse_how,
+    parse_keys,
+)
 from microbatch.plan import (
     AggregateNode,
+    AsOfJoinNode,
     DedupeNode,
+    IntervalJoinNode,
     PlanNode,
     SourceNode,
     Step,
@@ -119,6 +133,212 @@ class Stream:
             raise PlanError("drop_duplicates needs at least one column in subset")
         within_ms = parse_duration_ms(within, what="drop_duplicates within")
         return self._with_plan(DedupeNode(self._plan, cols, within_ms, marks[0].column))
+
+    # --------------------------------------------------------------- joins
+
+    def join_interval(
+        self,
+        other: Stream,
+        *,
+        on: str | Sequence[str],
+        left_time: str,
+        right_time: str | None = None,
+        lower: str | float | timedelta | None = None,
+        upper: str | float | timedelta | None = None,
+        how: JoinHow = "inner",
+    ) -> Stream:
+        """Join with another stream: rows with equal ``on`` keys whose right time
+        lies in ``[left_time + lower, left_time + upper]`` (both bounds inclusive).
+
+        Both inputs need ``with_watermark``; each keeps its rows in state until
+        the watermark (the minimum of both inputs') says no row arriving later
+        can match them, then forgets them. A row whose time is at or before the
+        watermark in force is late (counted, late output). ``how="left"``,
+        ``"right"``, ``"full"`` emit a row that never matched, with nulls for
+        the other side, once the watermark guarantees no match can arrive.
+        Output columns as Polars' ``join``: this stream's columns, then the
+        other's non-key columns (suffixed ``_right`` on a name clash).
+        ``lower``/``upper``: signed durations (``"-10m"``, ``"0s"``) or seconds.
+
+        Examples
+        --------
+        >>> clicks = mb.read_memory(schema={"user": pl.Int64, "ts": pl.Datetime("ms")})
+        >>> pays = mb.read_memory(schema={"user": pl.Int64, "ts": pl.Datetime("ms")})
+        >>> joined = clicks.with_watermark("ts", "1m").join_interval(
+        ...     pays.with_watermark("ts", "1m"), on="user", left_time="ts",
+        ...     lower="0s", upper="10m")
+        """
+        from microbatch.plan import IntervalJoinNode
+
+        spec = IntervalJoinSpec.parse(
+            on,
+            left_time=left_time,
+            right_time=right_time or left_time,
+            lower=lower,
+            upper=upper,
+            how=how,
+        )
+        self._check_join_inputs(other, "join_interval", watermarks=True)
+        return self._joined(other, IntervalJoinNode(self._plan, other.plan, spec))
+
+    def join_window(
+        self,
+        other: Stream,
+        *,
+        on: str | Sequence[str],
+        window: WindowSpec,
+        how: JoinHow = "inner",
+    ) -> Stream:
+        """Window join: pairs of rows with equal ``on`` keys that fall in the same
+        event-time ``window`` (``mb.window(col, size[, slide])``; ``col`` must be
+        a column of both streams).
+
+        Output: ``window_start``, ``window_end``, the keys, this stream's other
+        columns, the other stream's (``_right`` on a clash). A pair is emitted
+        as soon as both rows are there; with ``how="left"|"right"|"full"`` a row
+        without partner in its window is emitted (nulls for the other side) when
+        the watermark closes the window. A row is late when its window is
+        closed (``window_end <= watermark``); state is released as windows close.
+        Built on :meth:`join_interval` (equal windows, zero-width interval).
+        """
+        if not isinstance(window, WindowSpec):
+            raise PlanError(
+                "join_window needs window=mb.window(column, size[, slide]) (session windows "
+                f"differ per key and cannot pair two streams); got {window!r}"
+            )
+        if window.allowed_lateness_ms:
+            raise PlanError("join_window does not support allowed_lateness")
+        keys = parse_keys(on, what="join_window")
+        step = window_columns_step(window)
+        left, right = self._then(step), other._then(step)
+        win = ("window_start", "window_end")
+        joined = left.join_interval(
+            right,
+            on=[*win, *keys],
+            left_time="window_end",
+            right_time="window_end",
+            lower=0,
+            upper=0,
+            how=how,
+        )
+        return joined.select(*win, *keys, pl.exclude(*win, *keys))
+
+    def join(
+        self, other: Stream, *, on: str | Sequence[str], how: JoinHow = "inner"
+    ) -> Stream:
+        """Join two windowed aggregations per window: ``on`` must include
+        ``window_start`` (and any group keys to match).
+
+        Both streams must end in ``group_by(mb.window(...), ...).agg(...)`` over
+        the same window, and the query must run in append mode: each window's
+        row is then final when emitted, and both inputs emit a window in the
+        same batch (the first whose watermark passes its end), so the join
+        needs no state of its own. Output as Polars' ``join`` (keys coalesced).
+        For raw streams use :meth:`join_interval` or :meth:`join_window`; for a
+        table, :meth:`join_static`.
+        """
+        from microbatch.plan import WindowJoinNode
+
+        keys = parse_keys(on, what="join")
+        how = parse_how(how, ("inner", "left", "right", "full"), what="join")  # type: ignore[assignment]
+        windows = [_window_of(s.plan, side) for s, side in ((self, "left"), (other, "right"))]
+        if windows[0] != windows[1]:
+            raise PlanError(
+                f"join: the two aggregations use different windows ({windows[0].describe()} and "
+                f"{windows[1].describe()}); a per-window join needs the same window on both"
+            )
+        if windows[0].allowed_lateness_ms:
+            raise PlanError(
+                "join: windowed aggregations with allowed_lateness re-emit windows (revisions); "
+                "join them without allowed_lateness"
+            )
+        if not {"window_start", "window_end"} & set(keys):
+            raise PlanError(
+                f"join: on={list(keys)} must include 'window_start' so that rows of the same "
+                "window are joined (windows of different times never meet in one batch)"
+            )
+        self._check_join_inputs(other, "join", watermarks=True)
+        return self._joined(other, WindowJoinNode(self._plan, other.plan, WindowJoinSpec(keys, how)))
+
+    def join_static(
+        self,
+        other: pl.DataFrame | str | os.PathLike[str],
+        *,
+        on: str | Sequence[str],
+        how: StaticHow = "inner",
+        storage_options: Mapping[str, str] | None = None,
+    ) -> Stream:
+        """Enrich each batch from a static table: a ``pl.DataFrame``, a Parquet file
+        or directory, or a Delta table path.
+
+        Once per batch the table is checked for a change (Delta: a new
+        version; Parquet: files added, removed or rewritten) and re-read only
+        then. ``how="inner"`` or ``"left"``; output as Polars' ``join``. No
+        state; a batch re-run after a crash uses the Delta version it used
+        the first time.
+        """
+        from microbatch.plan import StaticJoinNode
+
+        keys = parse_keys(on, what="join_static")
+        how = parse_how(how, ("inner", "left"), what="join_static")  # type: ignore[assignment]
+        table = StaticTable.of(other, dict(storage_options) if storage_options else None)
+        return self._with_plan(StaticJoinNode(self._plan, StaticJoinSpec(table, keys, how)))
+
+    def join_asof_table(
+        self,
+        dim: Stream,
+        *,
+        on: str | Sequence[str],
+        time: str,
+        dim_time: str = "valid_from",
+        how: StaticHow = "left",
+    ) -> Stream:
+        """Temporal join: each row gets the ``dim`` version of its key valid at its
+        ``time`` — the latest with ``dim_time <= time`` (Polars ``join_asof``,
+        backward).
+
+        ``dim`` is a changelog stream of upserts (key, ``dim_time``, values),
+        e.g. CDC from ``mb.read_delta``. Both inputs need ``with_watermark``.
+        A row is held in state until the watermark (the minimum of both
+        inputs') reaches its time — only then can no earlier-valid version
+        still arrive — and is emitted then, so the output waits for the
+        dimension's watermark. Versions superseded before the watermark are
+        dropped. ``how="left"`` keeps rows without a version (nulls),
+        ``"inner"`` drops them.
+        """
+        from microbatch.plan import AsOfJoinNode
+
+        keys = parse_keys(on, what="join_asof_table")
+        how = parse_how(how, ("inner", "left"), what="join_asof_table")  # type: ignore[assignment]
+        for name, col in (("time", time), ("dim_time", dim_time)):
+            if not isinstance(col, str) or not col:
+                raise PlanError(f"join_asof_table needs {name}=<column name>, got {col!r}")
+        self._check_join_inputs(dim, "join_asof_table", watermarks=True)
+        spec = AsOfJoinSpec(keys, time, dim_time, how)
+        return self._joined(dim, AsOfJoinNode(self._plan, dim.plan, spec))
+
+    def _check_join_inputs(self, other: Stream, what: str, *, watermarks: bool) -> None:
+        if not isinstance(other, Stream):
+            raise PlanError(f"{what} joins two streams; got {type(other).__name__}")
+        shared = {id(s) for s in self._plan.sources()} & {id(s) for s in other.plan.sources()}
+        if shared:
+            raise PlanError(
+                f"{what}: both inputs read the same source object. For a self-join, create "
+                "the source twice (e.g. two mb.read_files(...) over the same directory)."
+            )
+        if not watermarks:
+            return
+        for stream, side in ((self, "left"), (other, "right")):
+            if not any(isinstance(n, WatermarkNode) for n in stream.plan.walk()):
+                raise PlanError(
+                    f"{what}: the {side} input has no watermark. A stream-stream join keeps "
+                    "each input's rows until the watermark says no match can arrive; without "
+                    "a watermark on both inputs its state would grow forever. Add "
+                    f".with_watermark(<event-time column>, delay) to the {side} input."
+                )
+
+    def _joined(self, other: Stream, node: PlanNode) -> Stream:
+        return Stream(node, late_sink=self._late_sink or other.late_sink)
 
     def on_late(self, sink: Sink) -> Stream:
         """Write rows that arrive after their window closed to ``sink`` (a side
@@ -287,10 +507,12 @@ class Stream:
         each source holds, so it is cheap on large inputs. Stateless plans only
         (a stateful plan needs a query; use ``write_memory``).
         """
-        if self.is_aggregated:
+        if self.is_aggregated or any(
+            isinstance(n, IntervalJoinNode | AsOfJoinNode) for n in self._plan.walk()
+        ):
             raise PlanError(
-                "preview() runs stateless plans; for an aggregation start a query with "
-                "write_memory(name) and read mb.table(name)"
+                "preview() runs stateless plans; for an aggregation or a stream-stream join "
+                "start a query with write_memory(name) and read mb.table(name)"
             )
         from microbatch.executor import BatchExecutor, input_frame
 
@@ -334,6 +556,46 @@ class GroupedStream:
         specs = tuple(parse_aggregations(aggs))
         node = AggregateNode(self._stream.plan, self._window, self._keys, specs)
         return self._stream._with_plan(node)
+
+
+def _window_of(plan: PlanNode, side: str) -> WindowSpec:
+    """The window of the aggregation a ``join`` input ends in (through stateless steps)."""
+    node = plan
+    while isinstance(node, StepNode | WatermarkNode):
+        node = node.child
+    if isinstance(node, AggregateNode) and isinstance(node.window, WindowSpec):
+        return node.window
+    raise PlanError(
+        f"join: the {side} input is not a windowed aggregation "
+        "(group_by(mb.window(...), ...).agg(...)). join() pairs two aggregations per window; "
+        "join raw streams with join_interval(...) or join_window(...), and a table with "
+        "join_static(...)"
+    )
+
+
+def window_columns_step(window: WindowSpec) -> Step:
+    """A step adding ``window_start``/``window_end`` of ``window`` (one row per window
+    a row falls in), typed like the window's column."""
+    from microbatch.operators.window_agg import _ms_to
+    from microbatch.watermark import event_time_ms
+    from microbatch.windows import assign_windows
+
+    def apply(lf: pl.LazyFrame) -> pl.LazyFrame:
+        schema = lf.collect_schema()
+        dtype = schema.get(window.column)
+        if dtype is None:
+            raise PlanError(
+                f"join_window: window column {window.column!r} is not a column of the input; "
+                f"it has {list(schema)}"
+            )
+        t = event_time_ms(window.column, schema)
+        assigned = assign_windows(lf.with_columns(t.alias("__mb_t")), window, "__mb_t")
+        return assigned.with_columns(
+            _ms_to(pl.col("__ws"), dtype).alias("window_start"),
+            _ms_to(pl.col("__ws") + window.size_ms, dtype).alias("window_end"),
+        ).drop("__ws", "__mb_t")
+
+    return Step("window_columns", (window.describe(),), apply)
 
 
 def stream_of(source: Any) -> Stream:

@@ -16,6 +16,9 @@ them) and then the no-data batch that the advanced watermark calls for, and
 returns the rows the sink received. ``restart()`` drops the running engine
 and recovers a new one from the checkpoint, as a process restart would;
 ``advance_clock`` moves the processing-time clock (idle timeouts).
+
+:class:`JoinStreamTest` is the same with two memory sources, for joins:
+``build(left, right)``, ``add_left(rows)`` / ``add_right(rows)``.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import polars as pl
 
 from microbatch.api import MemoryStream, read_memory
 from microbatch.checkpoint import Checkpoint
 from microbatch.execution import MicroBatchExecution
+from microbatch.executor import validate_joins
 from microbatch.stream import Stream
 from microbatch.triggers import ProcessingTime
 from microbatch.writer import output_keys, validate_aggregations
@@ -53,22 +57,20 @@ class _CollectSink(Sink):
         return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 
-class StreamTest:
-    """Drive ``build(source_stream)`` with explicit rows, batch by batch."""
+class _Harness:
+    """The engine side of the test harnesses: a query on a fake clock."""
 
-    def __init__(
+    stream: Stream
+
+    def _setup(
         self,
-        build: Callable[[MemoryStream], Stream],
         *,
-        schema: Mapping[str, Any],
-        output_mode: OutputMode = "append",
-        checkpoint: str | Path | None = None,
-        start: datetime = EPOCH,
-        partition_column: str | None = None,
+        output_mode: OutputMode,
+        checkpoint: str | Path | None,
+        start: datetime,
     ) -> None:
-        self.source = read_memory(schema=schema, partition_column=partition_column)
-        self.stream = build(self.source)
         validate_aggregations(self.stream.plan, output_mode)
+        validate_joins(self.stream.plan, output_mode)
         self.output_mode = output_mode
         self.checkpoint = Path(checkpoint or tempfile.mkdtemp(prefix="microbatch-test-"))
         self.sink = _CollectSink()
@@ -104,13 +106,6 @@ class StreamTest:
         assert self._exec is not None
         return self._exec
 
-    def add(
-        self, rows: pl.DataFrame | Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
-    ) -> StreamTest:
-        """Append input rows (they form the next batch)."""
-        self.source.add(rows)
-        return self
-
     def process(self) -> pl.DataFrame:
         """Run the pending batch and any no-data batch; return what the sink got."""
         ex = self.execution
@@ -120,12 +115,12 @@ class StreamTest:
             pass
         return self.sink.rows(first)
 
-    def advance_clock(self, seconds: float) -> StreamTest:
+    def advance_clock(self, seconds: float) -> Self:
         """Move processing time forward (affects idle timeouts and timestamps)."""
         self.now += seconds
         return self
 
-    def restart(self) -> StreamTest:
+    def restart(self) -> Self:
         """Drop the engine and recover a new one from the checkpoint."""
         self.execution.close()
         self._open()
@@ -167,3 +162,73 @@ class StreamTest:
             actual.height and not actual.sort(cols).equals(expected.sort(cols), null_equal=True)
         ):
             raise AssertionError(f"stream output differs\nexpected:\n{expected}\ngot:\n{actual}")
+
+
+Rows = pl.DataFrame | Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
+
+
+class StreamTest(_Harness):
+    """Drive ``build(source_stream)`` with explicit rows, batch by batch."""
+
+    def __init__(
+        self,
+        build: Callable[[MemoryStream], Stream],
+        *,
+        schema: Mapping[str, Any],
+        output_mode: OutputMode = "append",
+        checkpoint: str | Path | None = None,
+        start: datetime = EPOCH,
+        partition_column: str | None = None,
+    ) -> None:
+        self.source = read_memory(schema=schema, partition_column=partition_column)
+        self.stream = build(self.source)
+        self._setup(output_mode=output_mode, checkpoint=checkpoint, start=start)
+
+    def add(self, rows: Rows) -> StreamTest:
+        """Append input rows (they form the next batch)."""
+        self.source.add(rows)
+        return self
+
+
+class JoinStreamTest(_Harness):
+    """Drive ``build(left, right)`` — two memory sources — batch by batch.
+
+    >>> import polars as pl
+    >>> from microbatch.testing import JoinStreamTest
+    >>> schema = {"k": pl.Int64, "ts": pl.Datetime("ms", "UTC")}
+    >>> t = JoinStreamTest(
+    ...     lambda l, r: l.with_watermark("ts", "0s").join_interval(
+    ...         r.with_watermark("ts", "0s"), on="k", left_time="ts", lower="0s", upper="1m"),
+    ...     left_schema=schema, right_schema=schema,
+    ... )
+    >>> _ = t.add_left({"k": [1], "ts": [t.at("00:00:10")]})
+    >>> t.add_right({"k": [1], "ts": [t.at("00:00:30")]}).process().height
+    1
+    """
+
+    def __init__(
+        self,
+        build: Callable[[MemoryStream, MemoryStream], Stream],
+        *,
+        left_schema: Mapping[str, Any],
+        right_schema: Mapping[str, Any],
+        output_mode: OutputMode = "append",
+        checkpoint: str | Path | None = None,
+        start: datetime = EPOCH,
+        left_partition_column: str | None = None,
+        right_partition_column: str | None = None,
+    ) -> None:
+        self.left = read_memory(schema=left_schema, partition_column=left_partition_column)
+        self.right = read_memory(schema=right_schema, partition_column=right_partition_column)
+        self.stream = build(self.left, self.right)
+        self._setup(output_mode=output_mode, checkpoint=checkpoint, start=start)
+
+    def add_left(self, rows: Rows) -> JoinStreamTest:
+        """Append rows to the left input (they join the next batch)."""
+        self.left.add(rows)
+        return self
+
+    def add_right(self, rows: Rows) -> JoinStreamTest:
+        """Append rows to the right input (they join the next batch)."""
+        self.right.add(rows)
+        return self

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from microbatch.checkpoint import Checkpoint
 from microbatch.exceptions import PlanError
 from microbatch.execution import MicroBatchExecution
+from microbatch.latency import LatencyProbe, latency_columns
 from microbatch.plan import AggregateNode, PlanNode, WatermarkNode
 from microbatch.query import StreamingQuery
 from microbatch.triggers import Trigger, parse_trigger
@@ -62,6 +63,8 @@ class DataStreamWriter:
         *,
         name: str | None = None,
         retention: int = 100,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> StreamingQuery:
         """Start the query in a background thread and return its handle.
 
@@ -69,6 +72,9 @@ class DataStreamWriter:
         fresh temporary directory when omitted (fine for notebooks, not for
         jobs). ``trigger``: ``"10s"`` (interval), ``"once"``,
         ``"available-now"``, or ``None`` for batches back to back.
+        ``metrics_port``: serve the progress figures as Prometheus metrics on
+        ``http://metrics_host:metrics_port/metrics`` while the query runs
+        (``0`` picks a free port: see ``query.metrics_url``).
         Raises at once when the checkpoint is unusable or locked.
         """
         if retention < 1:
@@ -81,7 +87,7 @@ class DataStreamWriter:
         chk = Checkpoint(root)
         execution = MicroBatchExecution(
             plan=self.stream.plan,
-            sink=self.sink,
+            sink=LatencyProbe(self.sink, latency_columns(self.stream.plan)),
             output_mode=self.output_mode,
             checkpoint=chk,
             trigger=parse_trigger(trigger),
@@ -91,7 +97,9 @@ class DataStreamWriter:
             retention=retention,
             name=name,
         )
-        return StreamingQuery(execution, name=name)._start()
+        return StreamingQuery(execution, name=name)._start(
+            metrics_port=metrics_port, metrics_host=metrics_host
+        )
 
     def describe(self) -> dict[str, Any]:
         return {"sink": self.sink.describe(), "output_mode": self.output_mode}

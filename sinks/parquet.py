@@ -61,7 +61,9 @@ class ParquetSink(Sink):
 
     Only the ``append`` output mode is supported: files cannot be updated in
     place. Use the memory sink, or a Delta sink (merge), for ``update`` and
-    ``complete``.
+    ``complete``. All batches keep the columns and types of the first batch
+    with rows: a batch that differs (schema drift) is refused with a
+    :class:`SinkError` naming the change, before anything is written.
 
     Parameters
     ----------
@@ -96,6 +98,8 @@ class ParquetSink(Sink):
         self.partition_by: tuple[str, ...] = columns
         self._root = self.path.absolute()
         self._ctx: SinkContext | None = None
+        self._schema: dict[str, pl.DataType] | None = None
+        """Columns of the last committed batch with rows: every batch keeps them."""
 
     def open(self, ctx: SinkContext) -> None:
         """Check the output mode and that the directory belongs to this query."""
@@ -127,6 +131,7 @@ class ParquetSink(Sink):
                     f"{latest['partition_by']}, not {list(self.partition_by)}; keep the "
                     "partitioning of an existing output, or write to a new directory."
                 )
+        self._schema = _data_schema(entries)
         self._ctx = ctx
 
     def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
@@ -143,6 +148,14 @@ class ParquetSink(Sink):
         if entry.exists():
             _read_entry(entry, batch_id)  # a corrupt commit record must not pass silently
             return
+        if df.height and self._schema is not None and dict(df.schema) != self._schema:
+            raise SinkError(
+                f"batch {batch_id} does not fit the Parquet output {self._root}: "
+                f"{_schema_change(self._schema, dict(df.schema))}. The files of one output "
+                "share one schema, or they cannot be read together; nothing was written. "
+                "Pin the stream's columns and types (read_files(..., schema=...), select, "
+                "cast), or write to a new directory."
+            )
         try:
             files, partitions = self._write_data(batch_id, df)
         except (OSError, pl.exceptions.PolarsError) as exc:
@@ -165,6 +178,8 @@ class ParquetSink(Sink):
             raise SinkError(
                 f"cannot write manifest entry {entry} of batch {batch_id}: {exc}"
             ) from exc
+        if df.height:
+            self._schema = dict(df.schema)
 
     def describe(self) -> dict[str, Any]:
         """The sink kind, directory, compression and partition columns."""
@@ -326,6 +341,27 @@ def _entry_paths(root: Path) -> list[tuple[int, Path]]:
         if match:
             found.append((int(match.group(1)), directory / name))
     return sorted(found)
+
+
+def _data_schema(entries: list[tuple[int, Path]]) -> dict[str, pl.DataType] | None:
+    """The columns of the newest committed batch that has rows (``None``: no such batch)."""
+    for batch_id, path in reversed(entries):
+        body = _read_entry(path, batch_id)
+        if body["rows"]:
+            return dict(_frame_from_text(body["schema"]).schema)
+    return None
+
+
+def _schema_change(old: dict[str, pl.DataType], new: dict[str, pl.DataType]) -> str:
+    """What differs between two schemas, in words."""
+    changes = [f"new column {c!r} ({t})" for c, t in new.items() if c not in old]
+    changes += [f"column {c!r} is missing" for c in old if c not in new]
+    changes += [
+        f"column {c!r} changed type from {old[c]} to {new[c]}"
+        for c in old
+        if c in new and old[c] != new[c]
+    ]
+    return "; ".join(changes)
 
 
 def _entries(root: Path) -> list[tuple[int, dict[str, Any]]]:

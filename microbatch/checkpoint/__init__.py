@@ -24,7 +24,7 @@ from typing import Any
 from microbatch.checkpoint.batch_log import BatchLog
 from microbatch.checkpoint.files import read_json, write_json_atomic
 from microbatch.checkpoint.lock import CheckpointLock, is_locked, read_lock_owner
-from microbatch.exceptions import CheckpointError
+from microbatch.exceptions import CheckpointCorruptError, CheckpointError
 
 __all__ = ["BatchLog", "Checkpoint", "CheckpointLock", "is_locked", "read_lock_owner"]
 
@@ -66,6 +66,7 @@ class Checkpoint:
                 "Choose a writable directory with --checkpoint."
             ) from exc
         if not self.metadata_path.exists():
+            self._refuse_logs_without_metadata()
             meta = {"query_id": str(uuid.uuid4()),
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             write_json_atomic(self.metadata_path, "metadata", meta)
@@ -73,6 +74,19 @@ class Checkpoint:
         self.offsets = BatchLog(self.root / "offsets", "offsets")
         self.commits = BatchLog(self.root / "commits", "commits")
         return meta
+
+    def _refuse_logs_without_metadata(self) -> None:
+        """A fresh query id over existing logs would break the sinks' idempotency
+        (it is their transaction id): a lost metadata file is an error."""
+        for log in ("offsets", "commits"):
+            directory = self.root / log
+            if directory.is_dir() and any(n.isdigit() for n in os.listdir(directory)):
+                raise CheckpointCorruptError(
+                    f"checkpoint file {self.metadata_path} is missing but {directory} has "
+                    "entries: the query id it held is lost, and a new one would make sinks "
+                    "write replayed batches again. Restore the file, or start the query on "
+                    "a new checkpoint directory."
+                )
 
     def read_metadata(self) -> dict[str, Any]:
         """The metadata of an existing checkpoint."""

@@ -10,8 +10,9 @@ from typing import Any
 
 import polars as pl
 
+from microbatch.aggregates import AggSpec
 from microbatch.checkpoint.files import read_json, write_json_atomic
-from microbatch.exceptions import IncompatibleCheckpointError
+from microbatch.exceptions import CheckpointError, IncompatibleCheckpointError, PlanError
 
 LATE_REASON = "late_reason"
 
@@ -85,3 +86,94 @@ def check_signature(state_dir: Path, signature: dict[str, Any]) -> None:
             f"{json.dumps({k: signature.get(k) for k in changed})}). Reusing it would give "
             "wrong results: start the changed job on a new checkpoint directory."
         )
+
+
+def check_input_types(
+    state_dir: Path | None,
+    batch_id: int,
+    *,
+    recorded: dict[str, pl.DataType],
+    schema: pl.Schema,
+    keys: list[str],
+    aggs: list[AggSpec],
+) -> None:
+    """Refuse a batch (input ``schema``) whose keys or aggregated columns
+    changed type since the state (``recorded``) was created.
+
+    NOTE: the state store casts what it is given to its schema, so without
+    this check a Float64 column arriving where state holds Int64 sums would
+    be truncated silently (schema drift of Parquet files read without a
+    declared schema).
+    """
+    missing = [c for c in [*keys, *(a.column for a in aggs if a.column)] if c not in schema]
+    if missing:
+        raise PlanError(
+            f"batch {batch_id} lacks column(s) {missing} that the state in {state_dir} is "
+            f"built from; the stream has {list(schema)}. Declare the input's schema "
+            "(read_files(..., schema=...)) so that missing columns are null."
+        )
+    current = {k: schema[k] for k in keys}
+    origins = {k: f"key {k!r}" for k in keys}
+    for agg in aggs:
+        names = agg.partial_names()
+        origins.update(dict.fromkeys(names, f"{agg.kind}({agg.column!r})"))
+        try:
+            current.update(agg.partial_dtypes(schema))
+        except pl.exceptions.PolarsError:  # e.g. sum over text: report the input's type
+            current.update(dict.fromkeys(names, schema[agg.column] if agg.column else pl.Null()))
+    changed = sorted(
+        {
+            f"{origins[name]} is {current[name]} in batch {batch_id}, "
+            f"{recorded[name]} in the state"
+            for name in current
+            if name in recorded and current[name] != recorded[name]
+        }
+    )
+    if changed:
+        raise IncompatibleCheckpointError(
+            f"the input of the state in {state_dir} changed type: {'; '.join(changed)}. "
+            "Casting it to the state's type could silently change values. Declare the "
+            "input's types (read_files(..., schema=...), or .with_columns(pl.col(...).cast(...))) "
+            "as the state has them, or start the changed job on a new checkpoint directory."
+        )
+
+
+def check_operator_set(
+    state_root: Path, batch_id: int, operators: list[StatefulOperator]
+) -> None:
+    """Refuse a job whose stateful operators are not the ones the checkpoint
+    has state for: one gained after batch 0 would start from empty state, one
+    lost would leave its results out, both silently."""
+    have = (
+        {p.name for p in state_root.iterdir() if (p / "operator.json").exists()}
+        if state_root.is_dir()
+        else set()
+    )
+    ours = {op.operator_id: op for op in operators}
+    gone = sorted(have - ours.keys())
+    if gone:
+        recorded = {name: _recorded_kind(state_root / name) for name in gone}
+        raise IncompatibleCheckpointError(
+            f"the checkpoint {state_root.parent} holds the state of stateful operator(s) "
+            f"{recorded} that this job does not have (its operators: "
+            f"{ {k: op.signature().get('kind') for k, op in ours.items()} }): the job lost or "
+            "reordered a stateful operator. Start the changed job on a new checkpoint directory."
+        )
+    new = sorted(ours.keys() - have)
+    if new and batch_id > 0:
+        raise IncompatibleCheckpointError(
+            f"the checkpoint {state_root.parent} has committed batches up to {batch_id - 1} but "
+            f"no state for stateful operator(s) "
+            f"{ {k: ours[k].signature().get('kind') for k in new} } of this job (no "
+            f"{' or '.join(str(state_root / k / 'operator.json') for k in new)}): the job gained "
+            "a stateful operator (or its state directory was deleted), which would start from "
+            "empty state in the middle of the stream. Start the changed job on a new checkpoint "
+            "directory."
+        )
+
+
+def _recorded_kind(state_dir: Path) -> Any:
+    try:
+        return read_json(state_dir / "operator.json", "operator").get("kind")
+    except (OSError, ValueError, AttributeError, CheckpointError):
+        return "?"

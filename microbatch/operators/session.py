@@ -37,6 +37,7 @@ from microbatch.operators.base import (
     LATE_REASON,
     OperatorContext,
     StatefulOperator,
+    check_input_types,
     check_signature,
 )
 from microbatch.operators.window_agg import _ms_to, _read_schema, _write_schema
@@ -129,6 +130,9 @@ class SessionAggregate(StatefulOperator):
             assert self.state_dir is not None
             _write_schema(self.state_dir / "schema.arrow", schema)
             self._make_providers(schema)
+        elif df.width:
+            check_input_types(self.state_dir, batch_id, recorded=dict(self.row_schema),
+                              schema=df.schema, keys=self.keys, aggs=self.aggs)
         self.sessions = self.providers["sessions"].load(batch_id)
         self.index = self.providers["index"].load(batch_id)
         return True

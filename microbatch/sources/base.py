@@ -12,15 +12,17 @@ Lifecycle, driven by the engine::
     latest_offset(start, ...)         end of the next batch (planning)
     read(start, end) -> SourceBatch   exactly the recorded range
     commit(end)                       after commits/N (e.g. trim buffers)
+    lag(), metrics()                  optional: numbers for the progress record
     close()
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import polars as pl
 
@@ -64,6 +66,15 @@ class SourceBatch:
     partitions: pl.Series | None = None
     """Optional per-row partition id (same length as ``data``) for
     per-partition watermarks; ``None`` means one partition."""
+
+
+class PartitionLag(TypedDict):
+    """How far a query is behind one partition of a source."""
+
+    records: int | None
+    """Records (or files, for a files source) available but not yet read."""
+    seconds: float | None
+    """Age of the oldest record not yet read, when the source can tell."""
 
 
 class Source(ABC):
@@ -121,3 +132,22 @@ class Source(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; the source may be opened again later."""
+
+    def lag(self) -> Mapping[str, int | PartitionLag] | None:
+        """How far the query is behind, per partition id, as of the last plan.
+
+        Optional hook, called by the query thread after each batch's commit,
+        possibly while a read-ahead of the next batch is inside :meth:`read`;
+        it must be cheap, safe against that, and must not touch the network or
+        the disk. A value is either a record count or a :class:`PartitionLag`.
+        ``None`` (the default) means the source cannot tell; the engine then
+        asks :mod:`microbatch.source_lag`, which knows the built-in sources.
+        """
+        return None
+
+    def metrics(self) -> dict[str, Any]:
+        """Runtime numbers for the progress record (JSON values; optional hook).
+
+        Static facts belong in :meth:`describe`, which is fingerprinted.
+        """
+        return {}

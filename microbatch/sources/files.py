@@ -55,6 +55,7 @@ TEMP_SUFFIXES = (".tmp", ".temp", ".crc", ".part", ".partial", ".swp", ".inprogr
 """Files ending like this are being written by someone and are never admitted."""
 
 LEDGER_KIND = "file-ledger"
+_UTF8_BOM = b"\xef\xbb\xbf"
 _REASON_LIMIT = 300
 _VALUE_LIMIT = 80
 _T = TypeVar("_T")
@@ -448,6 +449,8 @@ class FileSource(Source):
         """
         schema = self._text_schema
         csv = self.format == "csv"
+        if buf.startswith(_UTF8_BOM):  # written by some Windows tools; not part of the data
+            buf = buf[len(_UTF8_BOM) :]
         whole: pl.DataFrame | None
         try:
             whole = self._parse_whole(buf)
@@ -584,9 +587,9 @@ class FileSource(Source):
     def _lost_ledger_error(self, offset: int) -> SourceError:
         return SourceError(
             f"files source {self.path}: the checkpoint refers to file {offset} but the file "
-            f"ledger holds only {len(self.ledger)} files; the ledger in the source's state "
-            "directory was deleted or belongs to another checkpoint. Restore it, or start "
-            "the query on a new checkpoint."
+            f"ledger holds only {len(self.ledger)} files; the ledger "
+            f"({self.ledger.directory or 'in memory'}) was deleted or belongs to another "
+            "checkpoint. Restore it, or start the query on a new checkpoint."
         )
 
 
@@ -744,7 +747,12 @@ def _convert(series: pl.Series, dtype: pl.DataType) -> pl.Series:
     if series.dtype == dtype:
         return series
     if series.dtype != pl.String:
-        return series.cast(dtype, strict=False)
+        converted = series.cast(dtype, strict=False)
+        if series.dtype.is_float() and dtype.is_integer():
+            # a cast truncates 1.5 to 1: such a value does not fit, as "1.5" in JSON
+            lossy = converted.cast(series.dtype) != series
+            converted = converted.zip_with(~lossy.fill_null(False), converted.clear(len(series)))
+        return converted
     text = series.str.strip_chars()
     if isinstance(dtype, pl.Datetime):
         return _parse_datetime(text, dtype)

@@ -380,14 +380,15 @@ def test_truncated_parquet_is_one_dead_letter_and_other_files_are_read(
 
 
 def test_parquet_schema_is_inferred_and_cast_when_given(data: Path, state: Path) -> None:
-    pl.DataFrame({"id": [1], "x": [1.5]}).write_parquet(data / "a.parquet")
+    # x is integral: a fractional float would not fit Int64 (a dead letter, not 1.5 -> 1)
+    pl.DataFrame({"id": [1], "x": [1.0]}).write_parquet(data / "a.parquet")
     pl.DataFrame({"id": [2], "y": ["b"]}).write_parquet(data / "b.parquet")
     set_mtime(data / "a.parquet", 1)
     inferred = open_source(data, None, format="parquet", schema=None)
     assert inferred.schema is None
     frame = inferred.read(0, inferred.latest_offset(0)).data
     assert frame.columns == ["id", "x", "y"]
-    assert frame.rows() == [(1, 1.5, None), (2, None, "b")]
+    assert frame.rows() == [(1, 1.0, None), (2, None, "b")]
 
     cast = open_source(data, state, format="parquet", schema={"id": pl.Int8, "x": pl.Int64})
     batch = cast.read(0, cast.latest_offset(0))

@@ -1,0 +1,793 @@
+"""``python -m benchmarks.compare [WORKLOAD ...] [--quick] [--install] [--engines ...]``
+(also ``python -m benchmarks compare ...``).
+
+Runs the same workloads, on the same generated data, on this engine, on
+Spark Structured Streaming (PySpark, ``local[2]``), Bytewax and Quix Streams
+(over a local Kafka broker started with ``scripts/kafka``), and on the one-shot
+Polars computation of the same result (the limit); one engine run per fresh
+process, interleaved, repeated (median of 3 and spread; ``--quick``: 1 run).
+Peak memory is the resident set of the engine's whole process tree (JVM
+included), sampled every 50 ms. Outputs are checked against this engine's
+(:mod:`benchmarks.compare_check`).
+
+Writes ``benchmarks/results/compare/<quick|full>/compare.md``, ``compare.json``
+and ``compare.png``. A peer that cannot be installed or run here is skipped
+with the reason, never a crash. ``--install`` pip-installs the ``bench``
+extra (each package on its own, so one failure skips one peer). The peers
+are never needed by ``make test``; ``make bench-peers`` does all of it from a
+fresh clone in a separate venv (``benchmarks/.venv-peers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks import data
+from benchmarks.compare_engines import ENGINES, WORKLOADS, Spec
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "compare"
+BROKER_DIR = data.ROOT / "kafka-broker"
+SCRATCH = data.ROOT / "compare-runs"
+
+PEERS = {"spark": "pyspark", "bytewax": "bytewax", "quix": "quixstreams"}
+"""Peer engine -> the module it needs (its pip package is in the ``bench`` extra)."""
+
+NOT_APPLICABLE = {
+    ("bytewax", "q1-large"): "per-record dataflow: the batch size does not change its work "
+                             "(its input yields one file per batch; see q1-small)",
+    ("quix", "q1-large"): "per-record consumer of a Kafka topic: no batch size (see q1-small)",
+    ("quix", "q4"): "no batches to size: it consumes Kafka records one by one",
+}
+LABELS = {
+    "polars-oneshot": ("one-shot Polars (limit)", "parquet"),
+    "microbatch": ("microbatch (this engine)", "parquet"),
+    "microbatch-noop": ("microbatch (this engine)", "noop"),
+    "spark": ("Spark Structured Streaming", "parquet"),
+    "spark-noop": ("Spark Structured Streaming", "noop"),
+    "bytewax": ("Bytewax", "list → parquet"),
+    "quix": ("Quix Streams (Kafka)", "list → parquet"),
+}
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _tree_rss_bytes(pid: int) -> int:
+    """Resident bytes of ``pid`` and all its descendants (psutil, else /proc)."""
+    try:
+        import psutil
+
+        try:
+            proc = psutil.Process(pid)
+            procs = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            return 0
+        total = 0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+        return total
+    except ImportError:
+        pass
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+class TreeSampler:
+    """Samples the process tree's RSS in a thread; ``peak_mb`` after ``stop``."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.pid, self.interval, self.peak = pid, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _tree_rss_bytes(self.pid))
+            self._stop.wait(self.interval)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 2**20
+
+
+# --------------------------------------------------------------------------- peers
+
+
+def bench_requirements() -> list[str]:
+    """The ``bench`` extra of pyproject.toml."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extra: list[str] = meta["project"]["optional-dependencies"].get("bench", [])
+    return extra
+
+
+def install_extras() -> dict[str, str]:
+    """pip-install the project and each ``bench`` requirement on its own; failures."""
+    failures: dict[str, str] = {}
+    pip = [sys.executable, "-m", "pip", "install", "--quiet"]
+    print(f"installing the project and the bench extra into {sys.prefix} ...", flush=True)
+    proc = subprocess.run([*pip, "-e", str(ROOT)], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        failures["microbatch"] = _last_line(proc.stderr)
+    for req in bench_requirements():
+        print(f"  pip install {req}", flush=True)
+        proc = subprocess.run([*pip, req], capture_output=True, text=True, check=False)
+        if proc.returncode:
+            failures[req] = _last_line(proc.stderr)
+            print(f"    failed: {failures[req]}", flush=True)
+    importlib.invalidate_caches()
+    return failures
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def probe_peers(wanted: list[str], install_failures: dict[str, str]) -> dict[str, str]:
+    """Peer engine -> why it is skipped (only the skipped ones)."""
+    skipped: dict[str, str] = {}
+    for engine in wanted:
+        base = engine.removesuffix("-noop")
+        module = PEERS.get(base)
+        if module is None:
+            continue
+        if importlib.util.find_spec(module) is None:
+            failed = [f"{req}: {why}" for req, why in install_failures.items()
+                      if req.startswith(module)]
+            skipped[engine] = ("pip install failed: " + failed[0] if failed else
+                               f"`{module}` is not installed (pip install -e '.[bench]', "
+                               "or run with --install)")
+            continue
+        if base == "spark" and shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+            skipped[engine] = "no Java runtime (PySpark needs JDK 17+ on PATH or JAVA_HOME)"
+        if base == "quix" and importlib.util.find_spec("confluent_kafka") is None:
+            skipped[engine] = "confluent-kafka is not installed"
+    return skipped
+
+
+def java_version() -> str:
+    try:
+        proc = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "none"
+    first = (proc.stderr or proc.stdout).strip().splitlines()
+    return first[0] if first else "unknown"
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("polars", "pyarrow", "pyspark", "bytewax", "quixstreams", "confluent-kafka",
+                "deltalake"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    out["java"] = java_version()
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=False)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--",
+                                "microbatch", "statestore", "sinks"], capture_output=True,
+                               text=True, timeout=10, check=False)
+        out["microbatch"] = head.stdout.strip() + (
+            " + uncommitted engine changes" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        out["microbatch"] = "unknown"
+    out["python"] = platform.python_version()
+    return out
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+@dataclass
+class Broker:
+    """A broker from ``scripts/kafka`` (started by us, stopped by us)."""
+
+    bootstrap: str | None = None
+    error: str | None = None
+    started: bool = False
+    topics: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> None:
+        script = ["bash", str(ROOT / "scripts" / "kafka")]
+        env = {**os.environ, "MICROBATCH_PYTHON": sys.executable}
+        try:
+            fetch = subprocess.run([*script, "fetch"], capture_output=True, text=True,
+                                   timeout=900, check=False, env=env)
+            if fetch.returncode:
+                self.error = f"scripts/kafka fetch failed: {_last_line(fetch.stderr)}"
+                return
+            BROKER_DIR.mkdir(parents=True, exist_ok=True)
+            proc = subprocess.run([*script, "start", str(BROKER_DIR)], capture_output=True,
+                                  text=True, timeout=300, check=False, env=env)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.error = f"scripts/kafka: {type(exc).__name__}: {exc}"
+            return
+        if proc.returncode:
+            self.error = f"scripts/kafka start failed: {_last_line(proc.stderr)}"
+            return
+        self.bootstrap = proc.stdout.strip().splitlines()[-1]
+        self.started = True
+
+    def stop(self) -> None:
+        if self.started:
+            subprocess.run(["bash", str(ROOT / "scripts" / "kafka"), "stop", str(BROKER_DIR)],
+                           capture_output=True, timeout=120, check=False,
+                           env={**os.environ, "MICROBATCH_PYTHON": sys.executable})
+
+    def topic_for(self, ds: data.Dataset) -> str:
+        """A one-partition topic with ``ds``'s rows in arrival order (made once)."""
+        if ds.path.name in self.topics:
+            return self.topics[ds.path.name]
+        assert self.bootstrap
+        name = f"compare-{ds.path.name}"
+        if _topic_size(self.bootstrap, name) != ds.rows:
+            _produce(self.bootstrap, name, ds)
+        self.topics[ds.path.name] = name
+        return name
+
+
+def _topic_size(bootstrap: str, topic: str) -> int | None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "compare-probe"})
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return None
+        total = 0
+        for p in meta.partitions:
+            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            total += hi - lo
+        return total
+    finally:
+        consumer.close()
+
+
+def _produce(bootstrap: str, topic: str, ds: data.Dataset) -> None:
+    """Key = card id, value = JSON row, timestamp = event time; file order."""
+    import polars as pl
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])
+    time.sleep(1)
+    # Event times are in the past: without retention.ms=-1 the broker deletes the
+    # segments at once (time-based retention looks at the message timestamps).
+    admin.create_topics([NewTopic(topic, 1, 1, config={"retention.ms": "-1",
+                                                       "retention.bytes": "-1"})])[topic].result(30)
+    time.sleep(1)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50,
+                         "batch.size": 1_000_000, "compression.type": "lz4",
+                         "queue.buffering.max.messages": 2_000_000})
+    t0 = time.perf_counter()
+    print(f"  producing {ds.rows:,} records to Kafka topic {topic} ...", end=" ", flush=True)
+    for path in ds.file_paths():
+        frame = pl.read_parquet(path).select(
+            pl.col("card_id").cast(pl.String).alias("key"),
+            pl.struct(pl.col("event_id"), pl.col("card_id"), pl.col("amount"),
+                      pl.col("event_time").dt.epoch("ms").alias("event_time"))
+            .struct.json_encode().alias("value"),
+            pl.col("event_time").dt.epoch("ms").alias("ts"),
+        )
+        for key, value, ts in frame.iter_rows():
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key, timestamp=ts, partition=0)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        producer.poll(0)
+    if producer.flush(300):
+        raise RuntimeError("Kafka producer could not flush")
+    print(f"{time.perf_counter() - t0:.1f} s", flush=True)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@dataclass
+class Cell:
+    """All repetitions of one engine on one workload."""
+
+    engine: str
+    workload: str
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    skipped: str | None = None
+    check: str = ""
+    check_detail: list[str] = field(default_factory=list)
+
+    @property
+    def rates(self) -> list[float]:
+        return [r["input_rows"] / r["wall_s"] for r in self.runs if r.get("wall_s")]
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates) if self.rates else math.nan
+
+    @property
+    def peak_mb(self) -> float:
+        return max((r["peak_tree_rss_mb"] for r in self.runs), default=math.nan)
+
+
+def run_one(engine: str, spec: Spec, quick: bool, rep: int, *, timeout_s: float,
+            topic: str | None, bootstrap: str | None) -> dict[str, Any]:
+    """One engine run in a fresh process, its tree's RSS sampled; raises on failure."""
+    workdir = SCRATCH / spec.name / f"{engine}-r{rep}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    result_file = workdir / "result.json"
+    cmd = [sys.executable, "-m", "benchmarks.compare_engines", engine, spec.name, str(workdir),
+           str(result_file)]
+    if quick:
+        cmd.append("--quick")
+    if topic and bootstrap:
+        cmd += ["--bootstrap", bootstrap, "--topic", topic]
+    log = (workdir / "stderr.log").open("w")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    sampler = TreeSampler(proc.pid)
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)
+        proc.wait()
+        sampler.stop()
+        raise RuntimeError(f"timed out after {timeout_s:.0f} s") from None
+    finally:
+        log.close()
+    peak = sampler.stop()
+    if code != 0 or not result_file.exists():
+        text = (workdir / "stderr.log").read_text(errors="replace")
+        lines = [ln for ln in text.strip().splitlines() if ln.strip() and "WARN" not in ln]
+        raise RuntimeError(f"exit code {code}: {lines[-1][:300] if lines else 'no output'} "
+                           f"(log: {workdir / 'stderr.log'})")
+    result: dict[str, Any] = json.loads(result_file.read_text())
+    result["peak_tree_rss_mb"] = peak
+    result["process_s"] = time.perf_counter() - t0
+    result["load_avg_1m"] = os.getloadavg()[0]
+    result["output_file"] = str(workdir / "result.parquet")
+    return result
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s descendants, then ``pid`` (only processes this runner started)."""
+    import signal
+
+    try:
+        import psutil
+
+        procs = psutil.Process(pid).children(recursive=True)
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGKILL)
+    except Exception:
+        pass
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_cells(spec: Spec, quick: bool, cells: dict[str, Cell]) -> None:
+    """Fill each cell's ``check``: ours vs the simulated reference, peers vs ours."""
+    from benchmarks import compare_check as cc
+
+    ours = cells.get("microbatch")
+    ours_out = cc.load(Path(ours.runs[0]["output_file"])) if ours and ours.runs else None
+    limit = cells.get("polars-oneshot")
+    all_rows = (cc.load(Path(limit.runs[0]["output_file"])) if limit and limit.runs else None)
+    final_wm = cc.final_watermark(ours.runs[0]) if ours and ours.runs else None
+    if ours and ours.runs and spec.windowed:
+        try:
+            from benchmarks import windowed
+            from benchmarks.compare_engines import _oneshot_case
+
+            verdict, detail = windowed.check(_oneshot_case(spec), spec.dataset(quick),
+                                             ours.runs[0])
+            ours.check, ours.check_detail = f"vs simulated reference: {verdict}", detail
+        except Exception as exc:
+            ours.check = f"check failed: {type(exc).__name__}: {exc}"
+    for engine, cell in cells.items():
+        if not cell.runs or engine == "microbatch":
+            continue
+        peer_out = cc.load(Path(cell.runs[0]["output_file"]))
+        if peer_out is None:
+            cell.check = "noop sink: rate only"
+            continue
+        if engine == "polars-oneshot":
+            cell.check = ("all rows, no lateness, every window (the limit's result)"
+                          if spec.windowed else f"{peer_out.height:,} rows")
+            if not spec.windowed and ours_out is not None:
+                cell.check, _ = cc.compare_rows(ours_out, peer_out)
+            continue
+        if ours_out is None:
+            cell.check = "not checked: this engine's output is missing"
+            continue
+        try:
+            if spec.windowed:
+                verdict, detail, counts = cc.compare_windows(
+                    ours_out, peer_out, all_rows if all_rows is not None else ours_out, final_wm)
+                cell.check, cell.check_detail = verdict, detail
+                cell.runs[0]["check_counts"] = counts
+                if engine == "spark" and spec.query in ("q1", "q2") and final_wm is not None:
+                    cell.check += "; " + _spark_rule_check(spec, quick, peer_out, final_wm)
+            else:
+                cell.check, counts = cc.compare_rows(ours_out, peer_out)
+                cell.runs[0]["check_counts"] = counts
+        except Exception as exc:
+            cell.check = f"check failed: {type(exc).__name__}: {exc}"
+
+
+def _spark_rule_check(spec: Spec, quick: bool, peer_out: Any, final_wm: int) -> str:
+    """Spark's output against a simulation of Spark's own late-row rule."""
+    from benchmarks import compare_check as cc
+    from benchmarks.compare_engines import _oneshot_case
+
+    expected = cc.spark_rule_reference(_oneshot_case(spec), spec.dataset(quick),
+                                       spec.files_per_batch, final_wm)
+    _verdict, _detail, counts = cc.compare_windows(expected, peer_out, expected, final_wm)
+    if counts["same"] == expected.height == peer_out.height:
+        return (f"all {peer_out.height:,} windows equal a simulation of Spark's rule "
+                "(late rows cut with the previous batch's watermark)")
+    return (f"vs a simulation of Spark's rule (previous batch's watermark): "
+            f"{counts['same']:,} of {expected.height:,} equal")
+
+
+# --------------------------------------------------------------------------- report
+
+
+def fmt_rate(x: float) -> str:
+    from benchmarks.measure import fmt_num
+
+    return fmt_num(x)
+
+
+def _cell_note(cell: Cell) -> str:
+    run = cell.runs[0]
+    notes = []
+    if run.get("startup_s"):
+        what = "SparkSession/JVM start" if cell.engine.startswith("spark") else "consumer start"
+        notes.append(f"+{run['startup_s']:.1f} s {what} not timed")
+    if run.get("batches"):
+        notes.append(f"{run['batches']} batches, {run['wall_s'] * 1000 / run['batches']:.0f} "
+                     "ms/batch")
+    if run.get("late_rows") is not None and cell.engine in ("bytewax",):
+        notes.append(f"{run['late_rows']:,} late items")
+    return "; ".join(notes)
+
+
+def render(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool, *,
+           engines: list[str], skipped_peers: dict[str, str], info: dict[str, Any]) -> str:
+    from benchmarks.compare_check import LATENESS_RULES
+
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    v = info["versions"]
+    ds = data.events(quick)
+    runs = sorted({len(c.runs) for cells in table.values() for c in cells.values() if c.runs})
+    reps = ("1 run each" if runs == [1] else
+            f"median of {'/'.join(map(str, runs))} runs (spread: min-max in brackets)")
+    lines = [
+        f"# microbatch vs Spark, Bytewax, Quix Streams ({'quick' if quick else 'full'} run, "
+        f"{stamp})",
+        "",
+        f"Machine: {info['nproc']} cores, {info['ram_gib']} GiB RAM, {info['cpu']}. "
+        f"microbatch {v['microbatch']}, Python {v['python']}, Polars {v['polars']}, "
+        f"PyArrow {v['pyarrow']}, "
+        f"PySpark {v['pyspark']} ({v['java']}), Bytewax {v['bytewax']}, "
+        f"Quix Streams {v['quixstreams']} (confluent-kafka {v['confluent-kafka']}).",
+        "",
+        f"Data: {ds.rows:,} card transactions in {ds.files} Parquet files in arrival order "
+        f"(~{ds.cards // 1000}k Zipf keys, {ds.max_delay} disorder, "
+        f"{ds.late_fraction:.1%} late); Q4: {data.tiny(quick).rows:,} rows in "
+        f"{data.tiny(quick).files} files of 1,000. Watermark delay 10 s, append mode. "
+        f"{reps}, each run in a fresh process.",
+        "",
+        "- events/s = input rows / wall time of the query (start to end; Spark's JVM and "
+        "SparkSession start-up and Quix's consumer-group join are noted, not timed).",
+        "- vs microbatch = engine rate / this engine's rate with the same sink kind "
+        "(> 1: faster than us); vs one-shot = engine rate / one-shot Polars rate.",
+        "- peak RSS = resident memory of the engine's whole process tree (the PySpark "
+        "JVM included; the Kafka broker, shared by Quix, not included).",
+        "- Spark: `local[2]`, `spark.sql.shuffle.partitions=4`, driver heap 4 GiB, "
+        "`maxFilesPerTrigger`, `withWatermark`, `groupBy(window(...), card_id)`, "
+        "available-now trigger, default (HDFS-backed) state store. Bytewax: one worker "
+        "(`run_main`), event-time clock with a fixed system clock. Quix: one-partition "
+        "topic, `closing_strategy=\"partition\"`, grace 10 s.",
+        "",
+        "| workload | rows/batch | engine | sink | events/s | vs microbatch | vs one-shot "
+        "| peak RSS (tree) | output check | notes |",
+        "|---|---:|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for spec in specs:
+        cells = table[spec.name]
+        limit = cells.get("polars-oneshot")
+        limit_rate = limit.rate if limit and limit.runs else math.nan
+        rpb = f"{spec.rows_per_batch(quick):,}"
+        for engine in engines:
+            cell = cells.get(engine)
+            if cell is None:
+                continue
+            name, sink = LABELS[engine]
+            if cell.skipped:
+                lines.append(f"| {spec.name} | {rpb} | {name} | {sink} | skipped | | | | "
+                             f"{_esc(cell.skipped)} | |")
+                continue
+            base = cells.get("microbatch-noop" if sink == "noop" else "microbatch")
+            base_rate = base.rate if base and base.runs else math.nan
+            spread = (f" ({fmt_rate(min(cell.rates))}-{fmt_rate(max(cell.rates))})"
+                      if len(cell.rates) > 1 else "")
+            ratio_ours = cell.rate / base_rate if not math.isnan(base_rate) else math.nan
+            ratio_lim = cell.rate / limit_rate if not math.isnan(limit_rate) else math.nan
+            per = "per record" if engine in ("bytewax", "quix") and spec.query != "q4" else rpb
+            lines.append(
+                f"| {spec.name} | {per} | {name} | {sink} | {fmt_rate(cell.rate)}{spread} | "
+                f"{_ratio(ratio_ours)} | {_ratio(ratio_lim)} | {cell.peak_mb:,.0f} MiB | "
+                f"{_esc(cell.check)} | {_esc(_cell_note(cell))} |")
+    loads = [r["load_avg_1m"] for cells in table.values() for c in cells.values()
+             for r in c.runs if "load_avg_1m" in r]
+    if loads:
+        lines += ["", f"1-minute load average at the end of the runs: {min(loads):.1f} to "
+                  f"{max(loads):.1f} on {info['nproc']} cores, the engine itself included (up to "
+                  f"{info['nproc']}); well above that, other processes were competing for the "
+                  "CPUs and the numbers are pessimistic."]
+    lines += ["", "Workloads:", ""]
+    lines += [f"- **{s.name}**: {s.title}; {s.files_per_batch} file(s) per batch." for s in specs]
+    if skipped_peers:
+        lines += ["", "## Skipped peers", ""]
+        lines += [f"- **{engine}**: {why}" for engine, why in skipped_peers.items()]
+    na = [(e, w, why) for (e, w), why in NOT_APPLICABLE.items()
+          if e in engines and w in table]
+    if na:
+        lines += ["", "Not applicable:", ""]
+        lines += [f"- {e} on {w}: {why}" for e, w, why in na]
+    lines += ["", "## Late data: each engine's rule", ""]
+    lines += [f"- **{k}**: {v}" for k, v in LATENESS_RULES.items()]
+    lines += ["", "## Output differences (first run of each engine vs ours)", ""]
+    for spec in specs:
+        for engine, cell in table[spec.name].items():
+            if cell.check_detail:
+                lines += [f"### {spec.name}: {engine}", "", *cell.check_detail, ""]
+    lines += ["## Where this engine's time goes (first run)", ""]
+    from benchmarks.profile import step_profile
+
+    for spec in specs:
+        cell = table[spec.name].get("microbatch")
+        if cell and cell.runs and cell.runs[0].get("progress"):
+            lines += step_profile(f"{spec.name}, microbatch", cell.runs[0])
+        spark = table[spec.name].get("spark")
+        if spark and spark.runs and spark.runs[0].get("progress"):
+            lines += spark_profile(f"{spec.name}, Spark", spark.runs[0])
+    return "\n".join(lines)
+
+
+def spark_profile(title: str, run: dict[str, Any]) -> list[str]:
+    """Spark's per-batch ``durationMs`` (median over batches)."""
+    progress = run["progress"]
+    keys = sorted({k for p in progress for k in p["duration_ms"]})
+    lines = [f"### {title}: per-batch durationMs ({len(progress)} batches, wall "
+             f"{run['wall_s']:.2f} s)", "", "| step | total ms | median ms/batch |",
+             "|---|---:|---:|"]
+    for key in keys:
+        values = [float(p["duration_ms"].get(key, 0)) for p in progress]
+        lines.append(f"| {key} | {sum(values):.0f} | {statistics.median(values):.0f} |")
+    late = sum(p.get("late_rows", 0) for p in progress)
+    lines += ["", f"rows dropped by watermark (numRowsDroppedByWatermark): {late:,}", ""]
+    return lines
+
+
+def _esc(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
+def _ratio(x: float) -> str:
+    return "" if math.isnan(x) else f"{x:.2f}"
+
+
+def write_chart(path: Path, specs: list[Spec], table: dict[str, dict[str, Cell]],
+                engines: list[str], quick: bool) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "chart skipped: matplotlib is not installed (pip install -e '.[bench]')"
+    colors = {"polars-oneshot": "#999999", "microbatch": "#1f77b4",
+              "microbatch-noop": "#aec7e8", "spark": "#d62728", "spark-noop": "#ff9896",
+              "bytewax": "#2ca02c", "quix": "#9467bd"}
+    shown = [e for e in engines if any(table[s.name].get(e) and table[s.name][e].runs
+                                       for s in specs)]
+    if not shown:
+        return "chart skipped: nothing ran"
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.9 * len(specs)), 4.8))
+    width = 0.8 / len(shown)
+    for i, engine in enumerate(shown):
+        xs, ys = [], []
+        for j, spec in enumerate(specs):
+            cell = table[spec.name].get(engine)
+            if cell and cell.runs:
+                xs.append(j + (i - (len(shown) - 1) / 2) * width)
+                ys.append(cell.rate)
+        name, sink = LABELS[engine]
+        ax.bar(xs, ys, width, label=f"{name}, {sink}", color=colors.get(engine))
+    ax.set_yscale("log")
+    ax.set_ylabel("events/s (log scale)")
+    ax.set_xticks(range(len(specs)),
+                  [f"{s.name}\n{s.rows_per_batch(quick):,} rows/batch" for s in specs],
+                  fontsize=8)
+    ax.set_title(f"Same workloads, same machine ({'quick' if quick else 'full'} run)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"chart written to {path}"
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workloads", nargs="*", metavar="WORKLOAD",
+                        help=f"any of {', '.join(WORKLOADS)} (default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help="1M events in 20 files (Q4: 100 files of 1,000), one run each")
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
+                        metavar="ENGINE", help=f"any of {', '.join(ENGINES)} (default: all)")
+    parser.add_argument("--reps", type=int, help="runs per engine (default 3; --quick 1)")
+    parser.add_argument("--record-reps", type=int,
+                        help="runs of the per-record peers, Bytewax and Quix (default: --reps; "
+                             "they take minutes per run on the full data)")
+    parser.add_argument("--install", action="store_true",
+                        help="pip-install the `bench` extra (peers, psutil, matplotlib) first")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results directory (default benchmarks/results/compare/<quick|full>)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per engine run (default 900 quick, 2400 full)")
+    args = parser.parse_args(argv)
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    quick = args.quick
+    reps = args.reps or (1 if quick else 3)
+    record_reps = args.record_reps or reps
+    timeout = args.timeout or (900.0 if quick else 2400.0)
+    out = args.out or DEFAULT_OUT / ("quick" if quick else "full")
+    specs = [WORKLOADS[w] for w in (args.workloads or list(WORKLOADS))]
+    engines = [e for e in ENGINES if e in args.engines]
+    install_failures = install_extras() if args.install else {}
+    skipped_peers = probe_peers(engines, install_failures)
+    broker = Broker()
+    if "quix" in engines and "quix" not in skipped_peers and any(
+            (("quix", s.name) not in NOT_APPLICABLE) for s in specs):
+        print("starting a Kafka broker for Quix Streams (scripts/kafka) ...", flush=True)
+        broker.start()
+        if broker.error:
+            skipped_peers["quix"] = broker.error
+    for line in (f"skipping {e}: {why}" for e, why in skipped_peers.items()):
+        print(line, flush=True)
+    from benchmarks.measure import machine_info
+
+    info = {**machine_info(), "versions": versions()}
+    table: dict[str, dict[str, Cell]] = {}
+    t_all = time.perf_counter()
+    try:
+        for spec in specs:
+            data.ensure(spec.dataset(quick))
+            cells = {e: Cell(e, spec.name) for e in engines}
+            table[spec.name] = cells
+            for engine, cell in cells.items():
+                if engine in skipped_peers:
+                    cell.skipped = skipped_peers[engine]
+                elif (engine, spec.name) in NOT_APPLICABLE:
+                    cell.skipped = "n/a: " + NOT_APPLICABLE[(engine, spec.name)]
+            topic = None
+            if "quix" in cells and not cells["quix"].skipped:
+                try:
+                    topic = broker.topic_for(spec.dataset(quick))
+                except Exception as exc:
+                    cells["quix"].skipped = f"could not fill the Kafka topic: {exc}"
+            print(f"== {spec.name}: {spec.title}, {spec.rows_per_batch(quick):,} rows/batch",
+                  flush=True)
+            for rep in range(reps):
+                for engine, cell in cells.items():
+                    if cell.skipped or (engine in ("bytewax", "quix") and rep >= record_reps):
+                        continue
+                    print(f"  {engine} (run {rep + 1}) ...", end=" ", flush=True)
+                    try:
+                        result = run_one(
+                            engine, spec, quick, rep, timeout_s=timeout,
+                            topic=topic if engine == "quix" else None,
+                            bootstrap=broker.bootstrap if engine == "quix" else None)
+                    except Exception as exc:
+                        print(f"failed: {exc}", flush=True)
+                        if not cell.runs:
+                            cell.skipped = f"failed to run here: {exc}"
+                        continue
+                    cell.runs.append(result)
+                    print(f"{result['wall_s']:.2f} s, "
+                          f"{result['input_rows'] / result['wall_s']:,.0f} events/s, "
+                          f"peak tree RSS {result['peak_tree_rss_mb']:.0f} MiB", flush=True)
+            check_cells(spec, quick, cells)
+    finally:
+        broker.stop()
+    for spec in specs:
+        for engine, cell in table[spec.name].items():
+            if cell.skipped and engine in PEERS and not cell.skipped.startswith("n/a"):
+                skipped_peers.setdefault(engine, cell.skipped)
+    text = render(specs, table, quick, engines=engines, skipped_peers=skipped_peers,
+                  info=info)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(text + "\n")
+    raw = {
+        "quick": quick, "reps": reps, "info": info, "skipped_peers": skipped_peers,
+        "seconds": time.perf_counter() - t_all,
+        "cells": {s.name: {e: {"skipped": c.skipped, "check": c.check,
+                               "runs": [{k: v for k, v in r.items() if k != "progress"}
+                                        for r in c.runs]}
+                           for e, c in table[s.name].items()} for s in specs},
+    }
+    (out / "compare.json").write_text(json.dumps(raw, indent=1, default=str))
+    print()
+    print(text)
+    print(write_chart(out / "compare.png", specs, table, engines, quick))
+    print(f"results written to {out}/compare.md, compare.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,518 @@
+"""The compared engines, each running one workload in a fresh process.
+
+``python -m benchmarks.compare_engines ENGINE WORKLOAD WORKDIR RESULT [--quick]
+[--bootstrap HOST:PORT --topic NAME]`` runs ``WORKLOAD`` (see :data:`WORKLOADS`)
+on ``ENGINE`` (see :data:`ENGINES`), writes the normalized output to
+``WORKDIR/result.parquet`` and a JSON result (wall seconds of the processing,
+start-up seconds, input rows, engine-specific progress) to ``RESULT``. Peak
+memory is sampled by the parent (:mod:`benchmarks.compare`) over this
+process's whole tree, so a JVM started by PySpark counts.
+
+Normalized outputs, compared by :mod:`benchmarks.compare_check`:
+
+- windowed workloads (q1, q2, q3): ``ws``, ``we`` (window bounds, epoch ms),
+  ``card_id``, ``n``, ``amount``; session ends are the last event + the gap,
+  whatever the engine's own convention is;
+- q4 (filter): ``event_id``, ``amount``.
+
+Timing: ``wall_s`` covers starting the query to its end, with the data read
+from the same Parquet files (Quix: from a Kafka topic of the same rows). It
+leaves out interpreter start, imports and, for Spark, creating the
+SparkSession (JVM start), which are reported as ``startup_s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from benchmarks import data
+
+DELAY_S = 10
+WINDOW_COLUMNS = ("ws", "we", "card_id", "n", "amount")
+Q4_THRESHOLD = 20.0
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One compared workload: a query over a dataset at a batch size."""
+
+    name: str
+    query: str  # q1 | q2 | q3 | q4
+    files_per_batch: int
+    tiny: bool = False
+    title: str = ""
+
+    def dataset(self, quick: bool) -> data.Dataset:
+        return data.tiny(quick) if self.tiny else data.events(quick)
+
+    def rows_per_batch(self, quick: bool) -> int:
+        return self.dataset(quick).rows_per_file * self.files_per_batch
+
+    @property
+    def windowed(self) -> bool:
+        return self.query != "q4"
+
+
+WORKLOADS = {
+    "q1-small": Spec("q1-small", "q1", 1, title="Q1 tumbling 1 min, count+sum per card"),
+    "q1-large": Spec("q1-large", "q1", 10, title="Q1 tumbling 1 min, count+sum per card"),
+    "q2": Spec("q2", "q2", 1, title="Q2 hopping 5 min / 1 min, count+sum per card"),
+    "q3": Spec("q3", "q3", 1, title="Q3 session windows, 30 s gap, count+sum per card"),
+    "q4": Spec("q4", "q4", 1, tiny=True,
+               title="Q4 tiny batches: filter amount > 20 → sink, 1 file per batch"),
+}
+"""Small batches are one input file (100k rows; 50k with --quick), large ten."""
+
+ENGINES = ("polars-oneshot", "microbatch", "microbatch-noop", "spark", "spark-noop",
+           "bytewax", "quix")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _epoch_ms(col: str) -> pl.Expr:
+    return pl.col(col).dt.epoch("ms")
+
+
+def _write_result(frame: pl.DataFrame, workdir: Path) -> int:
+    frame.write_parquet(workdir / "result.parquet")
+    return frame.height
+
+
+# --------------------------------------------------------------------------- Polars one-shot
+
+
+def run_oneshot(spec: Spec, ds: data.Dataset, workdir: Path) -> dict[str, Any]:
+    """The limit: the existing workloads' one-shot Polars query, over all files."""
+    lf = pl.scan_parquet(ds.path / "*.parquet")
+    t0 = time.perf_counter()
+    if spec.query == "q4":
+        lf.filter(pl.col("amount") > Q4_THRESHOLD).sink_parquet(workdir / "out.parquet")
+        wall = time.perf_counter() - t0
+        out = pl.read_parquet(workdir / "out.parquet").select("event_id", "amount")
+    else:
+        frame = _oneshot_case(spec).oneshot(lf).collect()
+        frame.write_parquet(workdir / "out.parquet")
+        wall = time.perf_counter() - t0
+        out = frame.select(_epoch_ms("window_start").alias("ws"),
+                           _epoch_ms("window_end").alias("we"), "card_id", "n", "amount")
+    return {"wall_s": wall, "input_rows": ds.rows, "output_rows": _write_result(out, workdir)}
+
+
+def _oneshot_case(spec: Spec) -> Any:
+    if spec.query == "q1":
+        from benchmarks.q1_tumbling import CASE
+    elif spec.query == "q2":
+        from benchmarks.q2_hopping import CASE
+    else:
+        from benchmarks.q3_session import CASE
+    return CASE
+
+
+# --------------------------------------------------------------------------- this engine
+
+
+def run_microbatch(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool) -> dict[str, Any]:
+    """This engine, reusing the workloads' queries (``benchmarks.q*``)."""
+    import microbatch as mb
+    from benchmarks.measure import run_available_now
+    from microbatch.sources.generator import GENERATOR_SCHEMA
+
+    src = mb.read_files(ds.path, max_files_per_batch=spec.files_per_batch,
+                        schema=GENERATOR_SCHEMA)
+    if spec.query == "q4":
+        stream = src.filter(pl.col("amount") > Q4_THRESHOLD)
+    else:
+        stream = (src.with_watermark("event_time", f"{DELAY_S}s")
+                  .group_by(_oneshot_case(spec).window(), "card_id")
+                  .agg(pl.len().alias("n"), pl.col("amount").sum().alias("amount")))
+    batches_hint = ds.files // spec.files_per_batch + 5
+    if noop:
+        writer = stream.foreach_batch(lambda _df, _batch: None)
+        t0 = time.perf_counter()
+        query = writer.start(str(workdir / "chk"), trigger="available-now",
+                             retention=batches_hint + 100)
+        query.await_termination()
+        wall = time.perf_counter() - t0
+        progress = query.recent_progress
+    else:
+        run = run_available_now(stream, workdir / "out", workdir / "chk",
+                                batches_hint=batches_hint)
+        wall, progress = run.wall_s, run.progress
+    keep = ("batch_id", "input_rows", "output_rows", "late_rows", "watermark_ms",
+            "next_watermark_ms", "duration_ms")
+    result: dict[str, Any] = {
+        "wall_s": wall,
+        "input_rows": sum(int(p["input_rows"]) for p in progress),
+        "batches": len(progress),
+        "late_rows": sum(int(p.get("late_rows") or 0) for p in progress),
+        "progress": [{k: p.get(k) for k in keep} for p in progress],
+        "output": str(workdir / "out"),
+        "files_per_batch": spec.files_per_batch,
+    }
+    if not noop:
+        out = mb.read_parquet_output(workdir / "out")
+        if spec.query == "q4":
+            out = out.select("event_id", "amount")
+        else:
+            out = out.select(_epoch_ms("window_start").alias("ws"),
+                             _epoch_ms("window_end").alias("we"), "card_id", "n", "amount")
+        result["output_rows"] = _write_result(out, workdir)
+    return result
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+SPARK_CONF = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.memory": "4g",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.streaming.numRecentProgressUpdates": "1000",
+    "spark.sql.adaptive.enabled": "false",
+}
+"""``local[2]`` (all cores of the machine). Shuffle partitions 4 instead of the
+default 200, which would cost ~200 state-store tasks per batch; driver heap
+4 GiB (default 1 GiB). State store: the default (HDFS-backed, in memory)."""
+
+
+def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool) -> dict[str, Any]:
+    """Spark Structured Streaming: file source, watermark, window, append mode."""
+    t_start = time.perf_counter()
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import (
+        DoubleType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    builder = SparkSession.builder.master("local[2]").appName("microbatch-compare")
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    startup = time.perf_counter() - t_start
+    schema = StructType([
+        StructField("event_id", LongType()), StructField("card_id", LongType()),
+        StructField("merchant", StringType()), StructField("amount", DoubleType()),
+        StructField("event_time", TimestampType()),
+    ])
+    src = (spark.readStream.schema(schema)
+           .option("maxFilesPerTrigger", spec.files_per_batch).parquet(str(ds.path)))
+    if spec.query == "q4":
+        out = src.filter(F.col("amount") > Q4_THRESHOLD)
+    else:
+        if spec.query == "q1":
+            win = F.window("event_time", "1 minute")
+        elif spec.query == "q2":
+            win = F.window("event_time", "5 minutes", "1 minute")
+        else:
+            win = F.session_window("event_time", "30 seconds")
+        out = (src.withWatermark("event_time", f"{DELAY_S} seconds")
+               .groupBy(win.alias("window"), "card_id")
+               .agg(F.count(F.lit(1)).alias("n"), F.sum("amount").alias("amount"))
+               .select(F.col("window.start").alias("window_start"),
+                       F.col("window.end").alias("window_end"), "card_id", "n", "amount"))
+    writer = (out.writeStream.outputMode("append")
+              .option("checkpointLocation", str(workdir / "chk"))
+              .trigger(availableNow=True))
+    writer = (writer.format("noop") if noop
+              else writer.format("parquet").option("path", str(workdir / "out")))
+    t0 = time.perf_counter()
+    query = writer.start()
+    query.awaitTermination()
+    wall = time.perf_counter() - t0
+    progress = [json.loads(p.json) if hasattr(p, "json") else p
+                for p in query.recentProgress]
+    progress = [_spark_progress(p) for p in progress]
+    spark.stop()
+    result: dict[str, Any] = {
+        "wall_s": wall,
+        "startup_s": startup,
+        "input_rows": sum(p["input_rows"] for p in progress),
+        "batches": len(progress),
+        "data_batches": sum(1 for p in progress if p["input_rows"]),
+        "progress": progress,
+        "spark_version": spark.version,
+    }
+    if not noop:
+        frame = pl.read_parquet(workdir / "out" / "*.parquet")
+        if spec.query == "q4":
+            frame = frame.select("event_id", "amount")
+        else:
+            frame = frame.select(_epoch_ms("window_start").alias("ws"),
+                                 _epoch_ms("window_end").alias("we"),
+                                 "card_id", "n", "amount")
+        result["output_rows"] = _write_result(frame, workdir)
+    return result
+
+
+def _spark_progress(p: dict[str, Any]) -> dict[str, Any]:
+    wm = (p.get("eventTime") or {}).get("watermark")
+    ops = p.get("stateOperators") or []
+    return {
+        "batch_id": p.get("batchId"),
+        "input_rows": int(p.get("numInputRows") or 0),
+        "duration_ms": p.get("durationMs") or {},
+        "watermark": wm,
+        "late_rows": sum(int(o.get("numRowsDroppedByWatermark") or 0) for o in ops),
+        "state_rows": sum(int(o.get("numRowsTotal") or 0) for o in ops),
+    }
+
+
+# --------------------------------------------------------------------------- Bytewax
+
+
+ALIGN = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def run_bytewax(spec: Spec, ds: data.Dataset, workdir: Path) -> dict[str, Any]:
+    """Bytewax (one worker, ``run_main``): a Parquet-files source yielding one file per
+    input batch, ``key_on`` card, ``fold_window`` with an event-time clock.
+
+    The clock's ``now_getter`` is fixed and ``to_system_utc`` returns None, so
+    the watermark only follows event time (max timestamp seen for the key -
+    10 s), as in a replay; with the default system clock it would also advance
+    with wall time and make the output depend on the machine's speed.
+    """
+    import bytewax.operators as op
+    import bytewax.operators.windowing as win
+    from bytewax.dataflow import Dataflow
+    from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+    from bytewax.outputs import DynamicSink, StatelessSinkPartition
+    from bytewax.testing import run_main
+
+    paths = ds.file_paths()
+
+    class FilesPartition(StatefulSourcePartition):
+        def __init__(self, start: int) -> None:
+            self.i = start
+
+        def next_batch(self) -> list[Any]:
+            if self.i >= len(paths):
+                raise StopIteration
+            frame = pl.read_parquet(paths[self.i])
+            self.i += 1
+            if spec.query == "q4":
+                return [frame]
+            return list(frame.select(pl.col("card_id").cast(pl.String), "event_time",
+                                     "amount").iter_rows())
+
+        def snapshot(self) -> int:
+            return self.i
+
+    class FilesSource(FixedPartitionedSource):
+        def list_parts(self) -> list[str]:
+            return ["files"]
+
+        def build_part(self, step_id: str, for_part: str, resume_state: Any) -> FilesPartition:
+            return FilesPartition(resume_state or 0)
+
+    class ListPartition(StatelessSinkPartition):
+        def __init__(self, target: list[Any]) -> None:
+            self.target = target
+
+        def write_batch(self, items: list[Any]) -> None:
+            self.target.extend(items)
+
+    class ListSink(DynamicSink):
+        def __init__(self, target: list[Any]) -> None:
+            self.target = target
+
+        def build(self, step_id: str, worker_index: int, worker_count: int) -> ListPartition:
+            return ListPartition(self.target)
+
+    flow = Dataflow(f"compare-{spec.name}")
+    stream = op.input("files", flow, FilesSource())
+    down: list[Any] = []
+    meta: list[Any] = []
+    late: list[Any] = []
+    if spec.query == "q4":
+        out_dir = workdir / "out"
+        out_dir.mkdir()
+        counter = iter(range(1 << 30))
+
+        def write(frame: pl.DataFrame) -> int:
+            kept = frame.filter(pl.col("amount") > Q4_THRESHOLD)
+            kept.write_parquet(out_dir / f"part-{next(counter):05d}.parquet")
+            return kept.height
+
+        op.output("out", op.map("filter-write", stream, write), ListSink(down))
+    else:
+        keyed = op.key_on("card", stream, lambda row: row[0])
+        clock = win.EventClock(lambda row: row[1],
+                               wait_for_system_duration=timedelta(seconds=DELAY_S),
+                               now_getter=lambda: ALIGN, to_system_utc=lambda _t: None)
+        if spec.query == "q1":
+            windower: Any = win.TumblingWindower(length=timedelta(minutes=1), align_to=ALIGN)
+        elif spec.query == "q2":
+            windower = win.SlidingWindower(length=timedelta(minutes=5),
+                                           offset=timedelta(minutes=1), align_to=ALIGN)
+        else:
+            windower = win.SessionWindower(gap=timedelta(seconds=30))
+
+        def folder(acc: list[Any], row: tuple[str, datetime, float]) -> list[Any]:
+            acc[0] += 1
+            acc[1] += row[2]
+            return acc
+
+        out = win.fold_window("agg", keyed, clock, windower, lambda: [0, 0.0], folder,
+                              lambda a, b: [a[0] + b[0], a[1] + b[1]], ordered=False)
+        op.output("down", out.down, ListSink(down))
+        op.output("meta", out.meta, ListSink(meta))
+        op.output("late", out.late, ListSink(late))
+    t0 = time.perf_counter()
+    run_main(flow)
+    wall = time.perf_counter() - t0
+    import bytewax
+
+    result: dict[str, Any] = {"wall_s": wall, "input_rows": ds.rows,
+                              "bytewax_version": getattr(bytewax, "__version__", "?")}
+    if spec.query == "q4":
+        frame = pl.read_parquet(workdir / "out" / "*.parquet").select("event_id", "amount")
+        result["output_rows"] = _write_result(frame, workdir)
+        return result
+    values = pl.DataFrame(
+        {"key": [k for k, _ in down], "wid": [w for _, (w, _) in down],
+         "n": [acc[0] for _, (_, acc) in down], "amount": [acc[1] for _, (_, acc) in down]},
+        schema={"key": pl.String, "wid": pl.Int64, "n": pl.Int64, "amount": pl.Float64})
+    bounds = pl.DataFrame(
+        {"key": [k for k, _ in meta], "wid": [w for _, (w, _) in meta],
+         "open": [m.open_time for _, (_, m) in meta],
+         "close": [m.close_time for _, (_, m) in meta]},
+        schema={"key": pl.String, "wid": pl.Int64, "open": pl.Datetime("us", "UTC"),
+                "close": pl.Datetime("us", "UTC")})
+    # Sessions: close_time is the last event (inclusive); ours ends at last + gap.
+    gap_ms = 30_000 if spec.query == "q3" else 0
+    frame = values.join(bounds, on=["key", "wid"], how="left").select(
+        _epoch_ms("open").alias("ws"), (_epoch_ms("close") + gap_ms).alias("we"),
+        pl.col("key").cast(pl.Int64).alias("card_id"), "n", "amount")
+    result["late_rows"] = len(late)
+    result["output_rows"] = _write_result(frame, workdir)
+    return result
+
+
+# --------------------------------------------------------------------------- Quix Streams
+
+
+def run_quix(spec: Spec, ds: data.Dataset, workdir: Path, *, bootstrap: str,
+             topic: str) -> dict[str, Any]:
+    """Quix Streams over a one-partition Kafka topic holding the same rows in arrival
+    order (key: card id, value: JSON, message timestamp: event time).
+
+    ``closing_strategy="partition"`` (a window closes when the partition's
+    max timestamp - grace passes its end; the default, "key", would keep most
+    of the 100k keys' windows open); grace = 10 s. Defaults otherwise, which
+    include a RocksDB state store with a changelog topic per store.
+    """
+    import uuid
+
+    from quixstreams import Application
+    from quixstreams.dataframe.windows import Count, Sum
+
+    app = Application(broker_address=bootstrap, consumer_group=f"cmp-{uuid.uuid4().hex[:8]}",
+                      auto_offset_reset="earliest", state_dir=str(workdir / "state"),
+                      loglevel="WARNING")
+    source = app.topic(topic, key_deserializer="str", value_deserializer="json")
+    sdf = app.dataframe(source)
+    seen = {"n": 0, "first": 0.0, "last": 0.0}
+    total = ds.rows
+
+    def count_input(_value: Any) -> None:
+        seen["n"] += 1
+        if seen["n"] == 1:
+            seen["first"] = time.perf_counter()
+        if seen["n"] >= total:
+            seen["last"] = time.perf_counter()
+            app.stop()
+
+    sdf = sdf.update(count_input)
+    grace = DELAY_S * 1000
+    if spec.query == "q1":
+        window: Any = sdf.tumbling_window(60_000, grace_ms=grace)
+    elif spec.query == "q2":
+        window = sdf.hopping_window(300_000, 60_000, grace_ms=grace)
+    else:
+        window = sdf.session_window(30_000, grace_ms=grace)
+    sdf = window.agg(n=Count(), amount=Sum("amount")).final(closing_strategy="partition")
+    rows: list[tuple[Any, ...]] = []
+    sdf = sdf.update(lambda v, key, _ts, _h: rows.append((key, v["start"], v["end"], v["n"],
+                                                          v["amount"])), metadata=True)
+    t0 = time.perf_counter()
+    app.run(sdf, timeout=60.0)
+    end = seen["last"] or time.perf_counter()
+    if seen["n"] < total:
+        raise RuntimeError(f"Quix consumed {seen['n']:,} of {total:,} records before its "
+                           "60 s idle timeout")
+    import quixstreams
+
+    result: dict[str, Any] = {"wall_s": end - t0, "startup_s": (seen["first"] or t0) - t0,
+                              "input_rows": seen["n"],
+                              "quix_version": getattr(quixstreams, "__version__", "?")}
+    frame = pl.DataFrame(rows, schema={"key": pl.String, "ws": pl.Int64, "end": pl.Int64,
+                                       "n": pl.Int64, "amount": pl.Float64}, orient="row")
+    # Quix sessions end at the last event + 1 ms; ours at the last event + the gap.
+    we = (pl.col("end") - 1 + 30_000) if spec.query == "q3" else pl.col("end")
+    frame = frame.select("ws", we.alias("we"), pl.col("key").cast(pl.Int64).alias("card_id"),
+                         "n", "amount")
+    result["output_rows"] = _write_result(frame, workdir)
+    return result
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def run(engine: str, spec: Spec, quick: bool, workdir: Path, *, bootstrap: str | None,
+        topic: str | None) -> dict[str, Any]:
+    ds = spec.dataset(quick)
+    if engine == "polars-oneshot":
+        return run_oneshot(spec, ds, workdir)
+    if engine in ("microbatch", "microbatch-noop"):
+        return run_microbatch(spec, ds, workdir, noop=engine.endswith("noop"))
+    if engine in ("spark", "spark-noop"):
+        return run_spark(spec, ds, workdir, noop=engine.endswith("noop"))
+    if engine == "bytewax":
+        return run_bytewax(spec, ds, workdir)
+    if engine == "quix":
+        if not bootstrap or not topic:
+            raise SystemExit("quix needs --bootstrap and --topic")
+        return run_quix(spec, ds, workdir, bootstrap=bootstrap, topic=topic)
+    raise SystemExit(f"unknown engine {engine!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare_engines")
+    parser.add_argument("engine", choices=ENGINES)
+    parser.add_argument("workload", choices=list(WORKLOADS))
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("result", type=Path)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--bootstrap")
+    parser.add_argument("--topic")
+    args = parser.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    result = run(args.engine, WORKLOADS[args.workload], args.quick, args.workdir,
+                 bootstrap=args.bootstrap, topic=args.topic)
+    args.result.write_text(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Temporal (as-of) join: ``events.join_asof_table(dim, on, time, dim_time)``.
+
+``dim`` is a changelog stream of versions (key, ``dim_time`` = valid from,
+values). Each event gets the version of its key with the latest
+``dim_time <= event time`` (Polars ``join_asof(strategy="backward")``).
+
+Rules (docs/semantics.md, "Joins"), ``W`` the watermark in force (the minimum
+of both inputs' watermarks):
+
+- an event waits in state until ``time <= W``: only then can no version with
+  ``dim_time <= time`` arrive any more (a later version would have to be
+  late), so its answer is final. It is emitted in the batch whose watermark
+  first reaches its time;
+- an event or a version whose time is null or ``<= W`` on arrival is late;
+- versions are kept while an event could still need them: a version is
+  dropped once the next version of its key has ``dim_time <= W`` (then every
+  event still to come, at ``time > W``, takes that one or a newer one). Two
+  versions of a key with the same ``dim_time``: the later arrival replaces
+  the earlier.
+
+State: ``events`` keyed by a row id (batch id, row) with the event's
+columns and its time (the time column: ``pop_expired(W)`` returns exactly the
+events that became final); ``versions`` keyed by (key, slot) with the
+version's columns and ``__next`` (the next version's ``dim_time``, null for
+the newest: the time column, so dropping superseded versions costs only
+those); ``index`` per key with the number of slots. A key's versions are
+re-sorted and re-slotted whenever it receives a new version, so its slots
+stay dense. Everything is vectorized per batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from microbatch.joins import AsOfJoinSpec, output_columns
+from microbatch.operators.base import OperatorContext, check_signature
+from microbatch.operators.join_state import (
+    T,
+    BinaryOperator,
+    InputState,
+    require_columns,
+    split_late,
+)
+
+if TYPE_CHECKING:
+    from statestore import StateStore, StateStoreProvider
+
+RID, SLOT, VF, NEXT, N, FOUND, OLD = "__rid", "__slot", "__vf", "__next", "__n", "__found", "__old"
+HIT = "__hit"
+ROW_BITS = 32
+"""A row id is ``batch_id << 32 | row``: unique for batches below 2**31 rows."""
+
+
+class AsOfJoin(BinaryOperator):
+    """Events wait until final, then take their key's version valid at their time."""
+
+    def __init__(self, *, operator_id: str, spec: AsOfJoinSpec) -> None:
+        self.operator_id = operator_id
+        self.spec = spec
+        self.on = list(spec.on)
+        self.events_in = InputState("events")
+        self.dim_in = InputState("dimension")
+        self.providers: dict[str, StateStoreProvider] = {}
+        self.stores: dict[str, StateStore] = {}
+
+    def signature(self) -> dict[str, Any]:
+        return self.spec.describe()
+
+    # ----------------------------------------------------------- state
+
+    def open(self, state_dir: Path | None, batch_id: int) -> None:
+        self.providers, self.stores = {}, {}
+        if state_dir is not None:
+            check_signature(state_dir, self.signature())
+        if self.events_in.open(None if state_dir is None else state_dir / "events"):
+            self._events_provider()
+        if self.dim_in.open(None if state_dir is None else state_dir / "dimension"):
+            self._dim_providers()
+
+    def _events_provider(self) -> None:
+        from statestore import StateStoreProvider
+
+        schema = self.events_in.schema
+        assert schema is not None
+        assert self.events_in.directory is not None
+        self.providers["events"] = StateStoreProvider(
+            self.events_in.directory / "rows",
+            key_schema={RID: pl.Int64()},
+            value_schema={**schema, T: pl.Int64()},
+            time_column=T,
+        )
+
+    def _dim_providers(self) -> None:
+        from statestore import StateStoreProvider
+
+        schema = self.dim_in.schema
+        directory = self.dim_in.directory
+        assert schema is not None
+        assert directory is not None
+        keys = {k: schema[k] for k in self.on}
+        values = {c: t for c, t in schema.items() if c not in self.on}
+        self.providers["versions"] = StateStoreProvider(
+            directory / "versions",
+            key_schema={**keys, SLOT: pl.Int64()},
+            value_schema={**values, VF: pl.Int64(), NEXT: pl.Int64()},
+            time_column=NEXT,
+        )
+        self.providers["index"] = StateStoreProvider(
+            directory / "index", key_schema=keys, value_schema={N: pl.Int64()}
+        )
+
+    def _prepare(self, events: pl.DataFrame, dim: pl.DataFrame, batch_id: int) -> None:
+        what = "join_asof_table"
+        if events.width:
+            if self.events_in.schema is None:
+                require_columns(events.schema, [*self.on, self.spec.time], side="events", what=what)
+                self.events_in.define(events.schema, batch_id)
+                self._events_provider()
+            else:
+                self.events_in.check(events.schema, batch_id)
+        if dim.width:
+            if self.dim_in.schema is None:
+                require_columns(dim.schema, [*self.on, self.spec.dim_time], side="dimension",
+                                what=what)
+                self.dim_in.define(dim.schema, batch_id)
+                self._dim_providers()
+            else:
+                self.dim_in.check(dim.schema, batch_id)
+        for name, provider in self.providers.items():
+            base = self.events_in if name == "events" else self.dim_in
+            self.stores[name] = provider.load(base.version(batch_id))
+
+    def commit(self) -> None:
+        for store in self.stores.values():
+            store.commit()
+
+    def abort(self) -> None:
+        for store in self.stores.values():
+            store.abort()
+        self.stores = {}
+
+    def has_expirable_state(self, watermark_ms: int | None) -> bool:
+        return watermark_ms is not None and bool(self.providers)
+
+    def metrics(self) -> dict[str, Any]:
+        rows = {name: store.num_rows for name, store in self.stores.items()}
+        nbytes = sum(store.metrics["bytes"] for store in self.stores.values())
+        return {
+            "rows": sum(rows.values()),
+            "bytes": nbytes,
+            "events_waiting": rows.get("events", 0),
+            "dimension_versions": rows.get("versions", 0),
+            "dimension_keys": rows.get("index", 0),
+        }
+
+    # ----------------------------------------------------------- batch
+
+    def process_pair(
+        self, left: pl.DataFrame, right: pl.DataFrame, ctx: OperatorContext
+    ) -> pl.DataFrame:
+        wm = ctx.watermark_ms
+        self._prepare(left, right, ctx.batch_id)
+        late_rows = 0
+        if "versions" in self.stores and self.dim_in.schema is not None:
+            dim = right if right.width else self.dim_in.schema.to_frame()
+            new, late = split_late(dim, self.spec.dim_time, wm, "dimension")
+            late_rows += late.height
+            if late.height:
+                ctx.late_rows.append(late)
+            self._add_versions(new.filter(pl.all_horizontal(pl.col(self.on).is_not_null())))
+        if "events" not in self.stores or self.events_in.schema is None:
+            ctx.metrics[self.operator_id] = {**self.metrics(), "late_rows": late_rows}
+            return pl.DataFrame()
+        events = self.stores["events"]
+        frame = left if left.width else self.events_in.schema.to_frame()
+        new, late = split_late(frame, self.spec.time, wm, "events")
+        late_rows += late.height
+        if late.height:
+            ctx.late_rows.append(late)
+        if new.height:
+            rid = (ctx.batch_id << ROW_BITS) + pl.int_range(pl.len(), dtype=pl.Int64)
+            events.upsert(new.select(rid.alias(RID), *self.events_in.schema, T))
+        ready = (
+            events.pop_expired(wm)
+            if wm is not None
+            else pl.DataFrame(schema={RID: pl.Int64(), **self.events_in.schema, T: pl.Int64()})
+        )
+        out = self._enrich(ready.drop(RID))
+        if wm is not None and "versions" in self.stores:
+            self.stores["versions"].pop_expired(wm + 5000)  # superseded before the watermark
+        ctx.metrics[self.operator_id] = {
+            **self.metrics(),
+            "late_rows": late_rows,
+            "emitted_rows": out.height,
+        }
+        return out
+
+    def _versions_of(self, keys: pl.DataFrame) -> pl.DataFrame:
+        """Every stored version of ``keys`` (unique, non-null), with its slot."""
+        versions, index = self.stores["versions"], self.stores["index"]
+        counts = index.lookup(keys).filter(pl.col(FOUND) & (pl.col(N) > 0))
+        # NOTE: slots below a key's oldest live version were dropped by pop_expired
+        # (holes); they are probed and not found until the key's next re-slotting
+        wanted = counts.select(*self.on, pl.int_ranges(0, N, dtype=pl.Int64).alias(SLOT)).explode(
+            SLOT
+        )
+        return versions.lookup(wanted).filter(FOUND).drop(FOUND, NEXT)
+
+    def _add_versions(self, new: pl.DataFrame) -> None:
+        """Merge new versions into their keys' histories, re-sorted and re-slotted."""
+        if not new.height:
+            return
+        assert self.dim_in.schema is not None
+        versions, index = self.stores["versions"], self.stores["index"]
+        values = [c for c in self.dim_in.schema if c not in self.on]
+        keys = new.select(self.on).unique(maintain_order=True)
+        stored = self._versions_of(keys)
+        merged = (
+            pl.concat(
+                [
+                    stored.select(*self.on, *values, VF, pl.col(SLOT).alias(OLD)),
+                    new.select(*self.on, *values, pl.col(T).alias(VF),
+                               pl.lit(None, pl.Int64).alias(OLD)),
+                ]
+            )
+            .unique([*self.on, VF], keep="last", maintain_order=True)
+            .sort([*self.on, VF], maintain_order=True)
+            .with_columns(
+                pl.col(VF).shift(-1).over(self.on).alias(NEXT),
+                pl.int_range(pl.len(), dtype=pl.Int64).over(self.on).alias(SLOT),
+            )
+        )
+        counts = merged.group_by(self.on, maintain_order=True).agg(pl.len().cast(pl.Int64).alias(N))
+        stale = stored.join(counts, on=self.on, how="left", maintain_order="left").filter(
+            pl.col(SLOT) >= pl.col(N)
+        )
+        if stale.height:
+            versions.delete(stale.select(*self.on, SLOT))
+        versions.upsert(merged.select(*self.on, SLOT, *values, VF, NEXT))
+        index.upsert(counts)
+
+    def _enrich(self, ready: pl.DataFrame) -> pl.DataFrame:
+        """Final events (sorted by time) joined as of their time with the versions."""
+        spec = self.spec
+        events_schema = self.events_in.schema
+        assert events_schema is not None
+        dim_schema = self.dim_in.schema
+        if dim_schema is None:  # no version ever arrived
+            return ready.drop(T) if spec.how == "left" else ready.drop(T).head(0)
+        out_cols, rename = output_columns(events_schema, dim_schema, self.on, spec.suffix)
+        keys = (
+            ready.select(self.on)
+            .filter(pl.all_horizontal(pl.col(self.on).is_not_null()))
+            .unique(maintain_order=True)
+        )
+        versions = self._versions_of(keys)
+        right = versions.select(
+            *self.on,
+            *[pl.col(c).alias(o) for c, o in rename.items()],
+            pl.col(VF),
+            pl.lit(True).alias(HIT),
+        ).sort(VF, maintain_order=True)
+        joined = ready.join_asof(
+            right,
+            left_on=T,
+            right_on=VF,
+            by=self.on,
+            strategy="backward",
+            check_sortedness=False,
+        )
+        if spec.how == "inner":
+            joined = joined.filter(pl.col(HIT).is_not_null())
+        return joined.select(out_cols)

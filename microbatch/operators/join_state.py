@@ -1,0 +1,133 @@
+"""What the stream-stream joins share: late-row splitting and per-input state files.
+
+Each input of a join keeps its own state directory with the input's column
+types (``schema.arrow``) and ``meta.json``: the batch id at which the input
+was first seen (``base``). Store versions count from there (version
+``batch_id - base``), because an input whose source declares no schema may
+show its columns only in a later batch, when the other input's stores are
+already at a higher version.
+"""
+
+from __future__ import annotations
+
+import io
+from abc import abstractmethod
+from pathlib import Path
+
+import polars as pl
+
+from microbatch.checkpoint.files import read_json, write_bytes_atomic, write_json_atomic
+from microbatch.exceptions import IncompatibleCheckpointError, PlanError
+from microbatch.operators.base import LATE_REASON, OperatorContext, StatefulOperator
+from microbatch.watermark import event_time_ms
+
+T = "__t"
+"""Transient column: a row's join time in epoch milliseconds."""
+JOIN_SIDE = "join_side"
+"""Column of the late output naming the input a late row came from."""
+
+
+def split_late(
+    df: pl.DataFrame, time_column: str, watermark_ms: int | None, side: str
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Rows that are not late (with ``__t``), and the late rows (with reason and side).
+
+    A row is late when its time is null or at or before the watermark in force.
+    """
+    rows = df.with_columns(event_time_ms(time_column, df.schema).alias(T))
+    late_expr = pl.col(T).is_null()
+    reason = pl.when(pl.col(T).is_null()).then(pl.lit(f"{side} time {time_column!r} is null"))
+    if watermark_ms is not None:
+        late_expr = late_expr | (pl.col(T) <= watermark_ms)
+        reason = reason.otherwise(
+            pl.format(
+                "{} time {} is at or before watermark {}",
+                pl.lit(side),
+                pl.col(T),
+                pl.lit(watermark_ms),
+            )
+        )
+    marked = rows.with_columns(late_expr.alias("__late"))
+    late = (
+        marked.filter("__late")
+        .with_columns(reason.alias(LATE_REASON), pl.lit(side).alias(JOIN_SIDE))
+        .drop(T, "__late")
+    )
+    return marked.filter(~pl.col("__late")).drop("__late"), late
+
+
+def require_columns(schema: pl.Schema, columns: list[str], *, side: str, what: str) -> None:
+    """PlanError naming the columns a join needs that an input lacks."""
+    missing = [c for c in columns if c not in schema]
+    if missing:
+        raise PlanError(
+            f"{what}: the {side} input has no column(s) {missing}; its columns are {list(schema)}"
+        )
+
+
+class InputState:
+    """The recorded column types and version base of one join input."""
+
+    def __init__(self, side: str) -> None:
+        self.side = side
+        self.directory: Path | None = None
+        self.schema: pl.Schema | None = None
+        self.base = 0
+
+    def open(self, directory: Path | None) -> bool:
+        """Bind to ``directory``; True when the input's schema was recorded before."""
+        self.directory = directory
+        if directory is None or not (directory / "meta.json").exists():
+            return False
+        meta = read_json(directory / "meta.json", "join-input")
+        self.base = int(meta["base"])
+        self.schema = pl.Schema(pl.read_ipc_schema(directory / "schema.arrow"))
+        return True
+
+    def define(self, schema: pl.Schema, batch_id: int) -> None:
+        """Record the input's columns, first seen in ``batch_id``."""
+        if self.directory is None:
+            raise AssertionError("stream joins need a checkpoint directory")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        schema.to_frame().write_ipc(buf)
+        write_bytes_atomic(self.directory / "schema.arrow", buf.getvalue())
+        # NOTE: meta.json last: its presence says the schema file is complete
+        write_json_atomic(
+            self.directory / "meta.json", "join-input", {"base": batch_id, "columns": list(schema)}
+        )
+        self.schema = schema
+        self.base = batch_id
+
+    def check(self, schema: pl.Schema, batch_id: int) -> None:
+        """Refuse a batch whose columns changed type since the state was created."""
+        assert self.schema is not None
+        if schema == self.schema:
+            return
+        changed = [
+            f"{c!r} is {schema.get(c)} in batch {batch_id}, {self.schema.get(c)} in the state"
+            for c in dict.fromkeys([*self.schema, *schema])
+            if schema.get(c) != self.schema.get(c)
+        ]
+        raise IncompatibleCheckpointError(
+            f"the {self.side} input of the join whose state is in {self.directory} changed its "
+            f"columns: {'; '.join(changed)}. Declare the input's schema (or cast with "
+            ".with_columns) as the state has it, or start the changed job on a new checkpoint."
+        )
+
+    def version(self, batch_id: int) -> int:
+        """The store version that holds the state before ``batch_id``."""
+        return batch_id - self.base
+
+
+class BinaryOperator(StatefulOperator):
+    """A stateful operator with two inputs (the executor calls :meth:`process_pair`)."""
+
+    def process(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
+        raise TypeError(f"{type(self).__name__} has two inputs: call process_pair(left, right, ctx)")
+
+    @abstractmethod
+    def process_pair(
+        self, left: pl.DataFrame, right: pl.DataFrame, ctx: OperatorContext
+    ) -> pl.DataFrame:
+        """Rows to emit for this batch, given both inputs' rows of the batch."""
