@@ -34,6 +34,7 @@ from typing import Any, Literal
 import polars as pl
 
 import microbatch as mb
+from microbatch.durations import parse_duration_ms
 from sinks.parquet import ParquetSink
 
 Format = Literal["json", "csv", "parquet"]
@@ -499,7 +500,7 @@ def expected_windows(case: Case) -> tuple[pl.DataFrame, int, int]:
     than ``max_future_skew`` ahead of now) minus the delay; a record is late
     when its time is null or its window has ended at or before it.
     """
-    skew = None if case.skew is None else mb_duration_ms(case.skew)
+    skew = None if case.skew is None else parse_duration_ms(case.skew)
     now = int(time.time() * 1000)
     watermark: int | None = None
     live: list[pl.DataFrame] = []
@@ -541,9 +542,3 @@ def expected_windows(case: Case) -> tuple[pl.DataFrame, int, int]:
     ).sort("window_start", "card_id")
     return emitted, open_n, late
 
-
-def mb_duration_ms(text: str) -> int:
-    """``"1h"`` in milliseconds (the engine's own parser)."""
-    from microbatch.durations import parse_duration_ms
-
-    return parse_duration_ms(text)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import polars as pl
@@ -93,7 +93,7 @@ def build(params: dict[str, str]) -> mb.DataStreamWriter:
 # ------------------------------------------------------------------ test-only hooks
 
 
-def install_state_hooks(env: os._Environ[str] | dict[str, str]) -> None:
+def install_state_hooks(env: Mapping[str, str]) -> None:
     """Wrap the statestore's file writer and provider defaults as ``env`` asks."""
     fault, enospc = env.get("RELIABILITY_STATE_FAULT"), env.get("RELIABILITY_ENOSPC")
     every, keep = env.get("RELIABILITY_SNAPSHOT_EVERY"), env.get("RELIABILITY_STATE_RETENTION")
