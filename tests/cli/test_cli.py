@@ -263,10 +263,16 @@ def test_demo_runs_for_the_given_seconds_and_writes_alerts(tmp_path: Path) -> No
 
 
 def test_a_second_signal_exits_at_once_with_130(tmp_path: Path) -> None:
-    (tmp_path / "slow.py").write_text("import time\n\n\ndef build(params):\n    time.sleep(30)\n")
+    (tmp_path / "slow.py").write_text(
+        "import pathlib, time\n\n\ndef build(params):\n"
+        "    pathlib.Path('building').touch()\n    time.sleep(30)\n"
+    )
     proc = subprocess.Popen([*CLI, "run", "slow.py", "--checkpoint", "chk"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)  # the handlers are installed before the job is built
+    deadline = time.monotonic() + 60  # the handlers are installed before the job is built
+    while not (tmp_path / "building").exists():
+        assert time.monotonic() < deadline, "the job was never built"
+        time.sleep(0.05)
 
     proc.send_signal(signal.SIGINT)
     time.sleep(0.2)
