@@ -10,6 +10,10 @@ Peak memory is the resident set of the engine's whole process tree (JVM
 included), sampled every 50 ms. Outputs are checked against this engine's
 (:mod:`benchmarks.compare_check`).
 
+Durations on the 2-core machine: ``--quick`` ~35 min (Quix's session windows
+alone time out at 15 min); the full run ~2 h for every workload, ~15 min for
+``q1-small q1-large`` without the per-record peers.
+
 Writes ``benchmarks/results/compare/<quick|full>/compare.md``, ``compare.json``
 and ``compare.png``. A peer that cannot be installed or run here is skipped
 with the reason, never a crash. ``--install`` pip-installs the ``bench``
@@ -378,7 +382,9 @@ def run_one(engine: str, spec: Spec, quick: bool, rep: int, *, timeout_s: float,
         _kill_tree(proc.pid)
         proc.wait()
         sampler.stop()
-        raise RuntimeError(f"timed out after {timeout_s:.0f} s") from None
+        rows = spec.dataset(quick).rows
+        raise RuntimeError(f"timed out after {timeout_s:.0f} s (< {rows / timeout_s:,.0f} "
+                           f"events/s on {rows:,} events)") from None
     finally:
         log.close()
     peak = sampler.stop()
@@ -434,6 +440,9 @@ def check_cells(spec: Spec, quick: bool, cells: dict[str, Cell]) -> None:
             ours.check, ours.check_detail = f"vs simulated reference: {verdict}", detail
         except Exception as exc:
             ours.check = f"check failed: {type(exc).__name__}: {exc}"
+    if ours_out is not None and all_rows is not None and not spec.windowed:
+        verdict, _counts = cc.compare_rows(all_rows, ours_out)
+        ours.check = f"vs one-shot: {verdict}"
     for engine, cell in cells.items():
         if not cell.runs or engine == "microbatch":
             continue
@@ -685,14 +694,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         metavar="ENGINE", help=f"any of {', '.join(ENGINES)} (default: all)")
     parser.add_argument("--reps", type=int, help="runs per engine (default 3; --quick 1)")
     parser.add_argument("--record-reps", type=int,
-                        help="runs of the per-record peers, Bytewax and Quix (default: --reps; "
-                             "they take minutes per run on the full data)")
+                        help="runs of the per-record peers, Bytewax and Quix (default: --reps "
+                             "if given, else 1: they take 10-40 min per run on the full data)")
     parser.add_argument("--install", action="store_true",
                         help="pip-install the `bench` extra (peers, psutil, matplotlib) first")
     parser.add_argument("--out", type=Path, default=None,
                         help="results directory (default benchmarks/results/compare/<quick|full>)")
     parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds per engine run (default 900 quick, 2400 full)")
+                        help="seconds per engine run before it counts as failed and is not "
+                             "repeated (default 900 quick, 1200 full)")
     args = parser.parse_args(argv)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
@@ -704,8 +714,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quick = args.quick
     reps = args.reps or (1 if quick else 3)
-    record_reps = args.record_reps or reps
-    timeout = args.timeout or (900.0 if quick else 2400.0)
+    # Bytewax and Quix take 10-40 min per run on the full data: once by default.
+    record_reps = args.record_reps or (reps if args.reps else 1)
+    timeout = args.timeout or (900.0 if quick else 1200.0)
     out = args.out or DEFAULT_OUT / ("quick" if quick else "full")
     specs = [WORKLOADS[w] for w in (args.workloads or list(WORKLOADS))]
     engines = [e for e in ENGINES if e in args.engines]
@@ -767,8 +778,9 @@ def main(argv: list[str] | None = None) -> int:
         broker.stop()
     for spec in specs:
         for engine, cell in table[spec.name].items():
-            if cell.skipped and engine in PEERS and not cell.skipped.startswith("n/a"):
-                skipped_peers.setdefault(engine, cell.skipped)
+            if (cell.skipped and engine.removesuffix("-noop") in PEERS
+                    and not cell.skipped.startswith("n/a") and engine not in skipped_peers):
+                skipped_peers[f"{engine} on {spec.name}"] = cell.skipped
     text = render(specs, table, quick, engines=engines, skipped_peers=skipped_peers,
                   info=info)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,6 +267,7 @@ class FileSource(Source):
         self.format: FileFormat = format
         self._schema = pl.Schema(schema) if schema is not None else None
         self.max_files_per_batch = max_files_per_batch
+        self._listed: tuple[int, int] | None = None  # (directory mtime, listing start), ns
         self.globs: tuple[str, ...] = (glob,) if glob else DEFAULT_GLOBS[format]
         self._ledger: FileLedger | None = None
 
@@ -367,6 +369,16 @@ class FileSource(Source):
                 f"files source: {self.path} is not a directory (missing or a file); "
                 "create it, or fix the path given to read_files"
             )
+        # Skip the listing when the directory did not change since the last one.
+        # NOTE: only trusted when that listing began over a second after the
+        # directory's mtime, so a file created after the listing (even on a
+        # filesystem with coarse timestamps) must give the directory a new mtime.
+        flat = all("/" not in g and "**" not in g for g in self.globs)
+        dir_mtime = self.path.stat().st_mtime_ns
+        listed = self._listed
+        if flat and listed is not None and listed[0] == dir_mtime and listed[1] - dir_mtime > 10**9:
+            return []
+        self._listed = (dir_mtime, time.time_ns())
         seen: dict[str, tuple[int, int]] = {}
         for pattern in self.globs:
             for candidate in self.path.glob(pattern):

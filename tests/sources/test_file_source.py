@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -495,3 +496,28 @@ def test_replays_give_identical_batches(data: Path, state: Path) -> None:
     shutil.copytree(state, state.parent / "copy")
     again = open_source(data, state.parent / "copy").read(0, end)
     assert first.data.equals(again.data)
+
+
+def test_unchanged_directory_is_not_listed_again_but_new_files_are_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planning skips the listing while the directory's mtime is unchanged and
+    old enough to trust; a new file changes the mtime and is picked up."""
+    data = tmp_path / "in"
+    data.mkdir()
+    pl.DataFrame({"x": [1]}).write_parquet(data / "a.parquet")
+    old = time.time_ns() - 5 * 10**9
+    os.utime(data, ns=(old, old))
+    source = FileSource(data, format="parquet")
+    source.open(SourceContext("0", tmp_path / "state"))
+    assert source.latest_offset(0) == 1
+    calls: list[str] = []
+    original = Path.glob
+    monkeypatch.setattr(
+        Path, "glob", lambda self, pattern: calls.append(pattern) or original(self, pattern)
+    )
+    assert source.latest_offset(1) == 1
+    assert calls == []  # unchanged and trusted: no listing
+    pl.DataFrame({"x": [2]}).write_parquet(data / "b.parquet")
+    assert source.latest_offset(1) == 2
+    assert calls  # the new mtime forced a listing
