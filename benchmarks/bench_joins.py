@@ -228,7 +228,7 @@ def main() -> None:
         )
         print(
             f"  streaming  {r['stream_s']:8.2f} s  {r['events_per_s']:>12,.0f} events/s "
-            f"({r['emitted']:,} emitted; the rest wait for the watermark)"
+            f"({r['emitted']:,} emitted: the one-shot rows the final watermark reached)"
         )
         print(
             f"  polars     {r['polars_s']:8.2f} s  {r['polars_events_per_s']:>12,.0f} events/s"

@@ -228,8 +228,12 @@ class StaticJoinSpec:
     suffix: str = SUFFIX
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "static_join", "table": self.table.describe(), "on": list(self.on),
-                "how": self.how}
+        return {
+            "kind": "static_join",
+            "table": self.table.describe(),
+            "on": list(self.on),
+            "how": self.how,
+        }
 
 
 def output_columns(

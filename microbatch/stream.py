@@ -11,7 +11,6 @@ import polars as pl
 
 from microbatch.aggregates import parse_aggregations
 from microbatch.exceptions import PlanError
-from microbatch.operators.base import OperatorContext
 from microbatch.joins import (
     AsOfJoinSpec,
     IntervalJoinSpec,
@@ -23,6 +22,7 @@ from microbatch.joins import (
     parse_how,
     parse_keys,
 )
+from microbatch.operators.base import OperatorContext
 from microbatch.plan import (
     AggregateNode,
     AsOfJoinNode,
@@ -223,9 +223,7 @@ class Stream:
         )
         return joined.select(*win, *keys, pl.exclude(*win, *keys))
 
-    def join(
-        self, other: Stream, *, on: str | Sequence[str], how: JoinHow = "inner"
-    ) -> Stream:
+    def join(self, other: Stream, *, on: str | Sequence[str], how: JoinHow = "inner") -> Stream:
         """Join two windowed aggregations per window: ``on`` must include
         ``window_start`` (and any group keys to match).
 
@@ -258,7 +256,8 @@ class Stream:
                 "window are joined (windows of different times never meet in one batch)"
             )
         self._check_join_inputs(other, "join", watermarks=True)
-        return self._joined(other, WindowJoinNode(self._plan, other.plan, WindowJoinSpec(keys, how)))
+        node = WindowJoinNode(self._plan, other.plan, WindowJoinSpec(keys, how))
+        return self._joined(other, node)
 
     def join_static(
         self,

@@ -193,6 +193,9 @@ class StreamTest(_Harness):
 class JoinStreamTest(_Harness):
     """Drive ``build(left, right)`` — two memory sources — batch by batch.
 
+    A schema of ``None`` is taken from the first rows added to that input
+    (until then its batches have no columns, like a schemaless file source).
+
     >>> import polars as pl
     >>> from microbatch.testing import JoinStreamTest
     >>> schema = {"k": pl.Int64, "ts": pl.Datetime("ms", "UTC")}
@@ -210,8 +213,8 @@ class JoinStreamTest(_Harness):
         self,
         build: Callable[[MemoryStream, MemoryStream], Stream],
         *,
-        left_schema: Mapping[str, Any],
-        right_schema: Mapping[str, Any],
+        left_schema: Mapping[str, Any] | None,
+        right_schema: Mapping[str, Any] | None,
         output_mode: OutputMode = "append",
         checkpoint: str | Path | None = None,
         start: datetime = EPOCH,

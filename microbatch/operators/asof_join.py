@@ -38,10 +38,11 @@ import polars as pl
 from microbatch.joins import AsOfJoinSpec, output_columns
 from microbatch.operators.base import OperatorContext, check_signature
 from microbatch.operators.join_state import (
-    T,
     BinaryOperator,
     InputState,
+    T,
     require_columns,
+    require_same_key_types,
     split_late,
 )
 
@@ -123,8 +124,9 @@ class AsOfJoin(BinaryOperator):
                 self.events_in.check(events.schema, batch_id)
         if dim.width:
             if self.dim_in.schema is None:
-                require_columns(dim.schema, [*self.on, self.spec.dim_time], side="dimension",
-                                what=what)
+                require_columns(
+                    dim.schema, [*self.on, self.spec.dim_time], side="dimension", what=what
+                )
                 self.dim_in.define(dim.schema, batch_id)
                 self._dim_providers()
             else:
@@ -147,10 +149,12 @@ class AsOfJoin(BinaryOperator):
 
     def metrics(self) -> dict[str, Any]:
         rows = {name: store.num_rows for name, store in self.stores.items()}
-        nbytes = sum(store.metrics["bytes"] for store in self.stores.values())
+        figures = [store.metrics for store in self.stores.values()]
         return {
             "rows": sum(rows.values()),
-            "bytes": nbytes,
+            "bytes": sum(m["bytes"] for m in figures),
+            "commit_ms": round(sum(m["commit_ms"] for m in figures), 3),
+            "changelog_bytes": sum(m["changelog_bytes"] for m in figures),
             "events_waiting": rows.get("events", 0),
             "dimension_versions": rows.get("versions", 0),
             "dimension_keys": rows.get("index", 0),
@@ -190,7 +194,7 @@ class AsOfJoin(BinaryOperator):
         )
         out = self._enrich(ready.drop(RID))
         if wm is not None and "versions" in self.stores:
-            self.stores["versions"].pop_expired(wm + 5000)  # superseded before the watermark
+            self.stores["versions"].pop_expired(wm)  # superseded before the watermark
         ctx.metrics[self.operator_id] = {
             **self.metrics(),
             "late_rows": late_rows,
@@ -222,8 +226,9 @@ class AsOfJoin(BinaryOperator):
             pl.concat(
                 [
                     stored.select(*self.on, *values, VF, pl.col(SLOT).alias(OLD)),
-                    new.select(*self.on, *values, pl.col(T).alias(VF),
-                               pl.lit(None, pl.Int64).alias(OLD)),
+                    new.select(
+                        *self.on, *values, pl.col(T).alias(VF), pl.lit(None, pl.Int64).alias(OLD)
+                    ),
                 ]
             )
             .unique([*self.on, VF], keep="last", maintain_order=True)
@@ -250,6 +255,13 @@ class AsOfJoin(BinaryOperator):
         dim_schema = self.dim_in.schema
         if dim_schema is None:  # no version ever arrived
             return ready.drop(T) if spec.how == "left" else ready.drop(T).head(0)
+        require_same_key_types(
+            events_schema,
+            dim_schema,
+            self.on,
+            sides=("events", "dimension"),
+            what="join_asof_table",
+        )
         out_cols, rename = output_columns(events_schema, dim_schema, self.on, spec.suffix)
         keys = (
             ready.select(self.on)

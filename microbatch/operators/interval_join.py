@@ -42,10 +42,11 @@ import polars as pl
 from microbatch.joins import IntervalJoinSpec, output_columns
 from microbatch.operators.base import OperatorContext, check_signature
 from microbatch.operators.join_state import (
-    T,
     BinaryOperator,
     InputState,
+    T,
     require_columns,
+    require_same_key_types,
     split_late,
 )
 
@@ -152,11 +153,14 @@ class JoinSide:
 
     def metrics(self) -> dict[str, Any]:
         if self.rows is None or self.index is None:
-            return {"rows": 0, "keys": 0, "bytes": 0}
+            return {"rows": 0, "keys": 0, "bytes": 0, "commit_ms": 0.0, "changelog_bytes": 0}
+        rows, index = self.rows.metrics, self.index.metrics
         return {
             "rows": self.rows.num_rows,
             "keys": self.index.num_rows,
-            "bytes": self.rows.metrics["bytes"] + self.index.metrics["bytes"],
+            "bytes": rows["bytes"] + index["bytes"],
+            "commit_ms": rows["commit_ms"] + index["commit_ms"],
+            "changelog_bytes": rows["changelog_bytes"] + index["changelog_bytes"],
         }
 
     # ---------------------------------------------------------------- batch
@@ -198,16 +202,23 @@ class JoinSide:
         )
         return found, moved
 
-    def assign(self, new: pl.DataFrame, moved: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """``new`` rows with their slots, and the index rows to upsert (with
-        the low slots that :meth:`fetch` moved)."""
-        index = self.index
-        assert index is not None
+    def group(self, new: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The new rows to keep, and per key (first-seen order) their count and
+        latest expiry."""
         if not self.track:  # a null key never matches: keep such rows only to emit them
             new = new.filter(pl.all_horizontal(pl.col(self.on).is_not_null()))
         stats = new.group_by(self.on, maintain_order=True).agg(
             pl.len().cast(pl.Int64).alias("__n"), pl.col(EXP).max().alias("__m")
         )
+        return new, stats
+
+    def assign(
+        self, new: pl.DataFrame, stats: pl.DataFrame, moved: pl.DataFrame
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """``new`` rows (from :meth:`group`) with their slots, and the index rows
+        to upsert (with the low slots that :meth:`fetch` moved)."""
+        index = self.index
+        assert index is not None
         old = index.lookup(stats.select(self.on)).select(LO, HI, MAXEXP, FOUND)
         hit = pl.col(FOUND)
         stats = stats.hstack(old).with_columns(
@@ -235,12 +246,17 @@ class JoinSide:
             only = moved.join(updates, on=self.on, how="anti", nulls_equal=True)
             updates = pl.concat([updates, only.select(updates.columns)])
         slotted = new.join(
-            stats.select(*self.on, BASE), on=self.on, how="left", nulls_equal=True,
+            stats.select(*self.on, BASE),
+            on=self.on,
+            how="left",
+            nulls_equal=True,
             maintain_order="left",
         )
-        slotted = _rank_within(slotted, self.on).with_columns(
-            (pl.col(BASE) + pl.col(SLOT)).alias(SLOT)
-        ).drop(BASE)
+        slotted = (
+            _rank_within(slotted, self.on)
+            .with_columns((pl.col(BASE) + pl.col(SLOT)).alias(SLOT))
+            .drop(BASE)
+        )
         return slotted, updates
 
     def write(self, rows: pl.DataFrame, index_rows: pl.DataFrame) -> None:
@@ -301,6 +317,8 @@ class IntervalJoin(BinaryOperator):
             "right_keys": right["keys"],
             "left_bytes": left["bytes"],
             "right_bytes": right["bytes"],
+            "commit_ms": round(left["commit_ms"] + right["commit_ms"], 3),
+            "changelog_bytes": left["changelog_bytes"] + right["changelog_bytes"],
         }
 
     # ------------------------------------------------------------ batch
@@ -315,27 +333,38 @@ class IntervalJoin(BinaryOperator):
             # NOTE: matches need both inputs; a row seen before the other input ever had
             # columns waits in state (its side is known) until the other side shows up
             return self._one_sided(left, right, ctx)
+        require_same_key_types(
+            self.left.schema,
+            self.right.schema,
+            list(spec.on),
+            sides=("left", "right"),
+            what="join_interval",
+        )
         new_l, late_l = self._split(left, self.left, wm, +spec.upper_ms)
         new_r, late_r = self._split(right, self.right, wm, -spec.lower_ms)
         for late in (late_l, late_r):
             if late.height:
                 ctx.late_rows.append(late)
         on = list(spec.on)
-        cand_r, moved_r = self.right.fetch(_probe_keys(new_l, on))
-        cand_l, moved_l = self.left.fetch(_probe_keys(new_r, on))
-        new_l, index_l = self.left.assign(new_l, moved_l)
-        new_r, index_r = self.right.assign(new_r, moved_r)
+        new_l, stats_l = self.left.group(new_l)
+        new_r, stats_r = self.right.group(new_r)
+        cand_r, moved_r = self.right.fetch(_non_null(stats_l, on))
+        cand_l, moved_l = self.left.fetch(_non_null(stats_r, on))
+        new_l, index_l = self.left.assign(new_l, stats_l, moved_l)
+        new_r, index_r = self.right.assign(new_r, stats_r, moved_r)
         out_cols, rename = output_columns(self.left.schema, self.right.schema, on, spec.suffix)
         nl = self._left_frame(new_l, pl.col(T))
         cl = self._left_frame(cand_l, pl.col(EXP) - spec.upper_ms)
         nr = self._right_frame(new_r, pl.col(T), rename)
         cr = self._right_frame(cand_r, pl.col(EXP) + spec.lower_ms, rename)
-        m_new_old, m_old_new, m_new_new = self._match(nl, cr), self._match(cl, nr), self._match(nl, nr)
+        m_new_old = self._match(nl, cr)
+        m_old_new = self._match(cl, nr)
+        m_new_new = self._match(nl, nr)
         store_l, store_r = new_l.drop(T), new_r.drop(T)
         if self.left.track:
-            store_l = _flag(store_l, cand_l, [m_new_old, m_new_new], [m_old_new], on, LS)
+            store_l = _flag(store_l, cand_l, [m_new_old, m_new_new], [m_old_new], on=on, slot=LS)
         if self.right.track:
-            store_r = _flag(store_r, cand_r, [m_old_new, m_new_new], [m_new_old], on, RS)
+            store_r = _flag(store_r, cand_r, [m_old_new, m_new_new], [m_new_old], on=on, slot=RS)
         self.left.write(store_l, index_l)
         self.right.write(store_r, index_r)
         pieces = [pl.concat([m_new_old, m_old_new, m_new_new]).select(out_cols)]
@@ -348,9 +377,7 @@ class IntervalJoin(BinaryOperator):
                 unmatched += lonely.height
             if self.right.track:
                 lonely = (
-                    gone_r.filter(~pl.col(MATCHED))
-                    .select(list(self.right.schema))
-                    .rename(rename)
+                    gone_r.filter(~pl.col(MATCHED)).select(list(self.right.schema)).rename(rename)
                 )
                 pieces.append(lonely)
                 unmatched += lonely.height
@@ -406,9 +433,13 @@ class IntervalJoin(BinaryOperator):
             new, late = self._split(df, side, wm, offset)
             if late.height:
                 ctx.late_rows.append(late)
-            rows, index_rows = side.assign(new, pl.DataFrame())
-            side.write(rows.drop(T).with_columns(pl.lit(False).alias(MATCHED))
-                       if side.track else rows.drop(T), index_rows)
+            rows, index_rows = side.assign(*side.group(new), pl.DataFrame())
+            side.write(
+                rows.drop(T).with_columns(pl.lit(False).alias(MATCHED))
+                if side.track
+                else rows.drop(T),
+                index_rows,
+            )
         ctx.metrics[self.operator_id] = self.metrics()
         return pl.DataFrame()
 
@@ -422,9 +453,8 @@ def _rank_within(rows: pl.DataFrame, on: list[str]) -> pl.DataFrame:
     if rows.height == 0:
         return rows.with_columns(pl.lit(0, pl.Int64).alias(SLOT))
     pos = pl.int_range(pl.len(), dtype=pl.Int64)
-    starts = pl.any_horizontal(
-        [pl.col(k).ne_missing(pl.col(k).shift(1)) for k in on]
-    ).fill_null(True)
+    # NOTE: ne_missing(null, <shifted-in null>) is False: the first row is a start anyway
+    starts = pl.any_horizontal([pl.col(k).ne_missing(pl.col(k).shift(1)) for k in on]) | (pos == 0)
     return (
         rows.with_row_index("__i")
         .sort(on, maintain_order=True, nulls_last=True)
@@ -434,13 +464,9 @@ def _rank_within(rows: pl.DataFrame, on: list[str]) -> pl.DataFrame:
     )
 
 
-def _probe_keys(rows: pl.DataFrame, on: list[str]) -> pl.DataFrame:
-    """The distinct non-null join keys of ``rows``."""
-    return (
-        rows.select(on)
-        .filter(pl.all_horizontal(pl.col(on).is_not_null()))
-        .unique(maintain_order=True)
-    )
+def _non_null(keys: pl.DataFrame, on: list[str]) -> pl.DataFrame:
+    """The distinct join keys of a batch (from :meth:`JoinSide.group`) that can match."""
+    return keys.select(on).filter(pl.all_horizontal(pl.col(on).is_not_null()))
 
 
 def _flag(
@@ -448,6 +474,7 @@ def _flag(
     stored: pl.DataFrame,
     new_hits: list[pl.DataFrame],
     stored_hits: list[pl.DataFrame],
+    *,
     on: list[str],
     slot: str,
 ) -> pl.DataFrame:

@@ -65,6 +65,18 @@ def require_columns(schema: pl.Schema, columns: list[str], *, side: str, what: s
         )
 
 
+def require_same_key_types(
+    left: pl.Schema, right: pl.Schema, on: list[str], *, sides: tuple[str, str], what: str
+) -> None:
+    """PlanError when a join key has different types on the two inputs."""
+    differ = [f"{k!r}: {left[k]} vs {right[k]}" for k in on if left[k] != right[k]]
+    if differ:
+        raise PlanError(
+            f"{what}: the join keys have different types on the {sides[0]} and {sides[1]} "
+            f"inputs ({'; '.join(differ)}); cast one side with .with_columns(pl.col(...).cast(...))"
+        )
+
+
 class InputState:
     """The recorded column types and version base of one join input."""
 
@@ -124,7 +136,9 @@ class BinaryOperator(StatefulOperator):
     """A stateful operator with two inputs (the executor calls :meth:`process_pair`)."""
 
     def process(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
-        raise TypeError(f"{type(self).__name__} has two inputs: call process_pair(left, right, ctx)")
+        raise TypeError(
+            f"{type(self).__name__} has two inputs: call process_pair(left, right, ctx)"
+        )
 
     @abstractmethod
     def process_pair(

@@ -38,8 +38,7 @@ def run_two(
     build: Callable,
     left: pl.DataFrame,
     right: pl.DataFrame,
-    left_cuts: list[int],
-    right_cuts: list[int],
+    cuts: tuple[list[int], list[int]],
     tmp: Path,
     *,
     left_schema: dict | None = None,
@@ -53,7 +52,7 @@ def run_two(
         right_schema=right_schema or RIGHT,
         checkpoint=tmp,
     )
-    lc, rc = chunks(left, left_cuts), chunks(right, right_cuts)
+    lc, rc = chunks(left, cuts[0]), chunks(right, cuts[1])
     for step in range(max(len(lc), len(rc))):
         if step < len(lc) and lc[step].height:
             test.add_left(lc[step])

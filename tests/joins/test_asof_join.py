@@ -43,7 +43,7 @@ versions = st.lists(
     min_size=5,
     max_size=25,
 )
-cuts = st.lists(st.integers(1, 39), min_size=2, max_size=10)
+cuts = st.tuples(*[st.lists(st.integers(1, 39), min_size=2, max_size=10)] * 2)
 
 
 def build_asof(how: str = "left", delay: str = "5s", dim_delay: str = "2s"):
@@ -59,12 +59,10 @@ def build_asof(how: str = "left", delay: str = "5s", dim_delay: str = "2s"):
     return build
 
 
-def run(ev_rows, dim_rows, ecuts, dcuts, tmp: Path, how: str = "left", **kw) -> tuple:
+def run(ev_rows, dim_rows, cuts, tmp: Path, how: str = "left", **kw) -> tuple:
     ev = frame(ev_rows, "eid")
     dim = frame(dim_rows, "did").rename({"ts": "valid_from"})
-    test = run_two(
-        build_asof(how), ev, dim, ecuts, dcuts, tmp, left_schema=EVENTS, right_schema=DIM, **kw
-    )
+    test = run_two(build_asof(how), ev, dim, cuts, tmp, left_schema=EVENTS, right_schema=DIM, **kw)
     return test, ev, dim
 
 
@@ -89,9 +87,9 @@ def oracle(test: JoinStreamTest, ev: pl.DataFrame, dim: pl.DataFrame, how: str) 
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(ev_rows=events, dim_rows=versions, ecuts=cuts, dcuts=cuts)
-def test_asof_join_split_invariance(tmp_path_factory, how, ev_rows, dim_rows, ecuts, dcuts):
-    test, ev, dim = run(ev_rows, dim_rows, ecuts, dcuts, tmp_path_factory.mktemp("a"), how=how)
+@given(both=st.tuples(events, versions), cuts=cuts)
+def test_asof_join_split_invariance(tmp_path_factory, how, both, cuts):
+    test, ev, dim = run(*both, cuts, tmp_path_factory.mktemp("a"), how=how)
     assert_same_rows(test.output, oracle(test, ev, dim, how))
     marks = batch_watermarks(test)
     for batch_id, df in test.sink.batches.items():  # emitted as soon as final, not before
@@ -110,7 +108,8 @@ def test_asof_join_split_invariance(tmp_path_factory, how, ev_rows, dim_rows, ec
 
 def test_events_wait_for_the_dimension_watermark(tmp_path: Path) -> None:
     test = JoinStreamTest(
-        build_asof(delay="0s", dim_delay="0s"), left_schema=EVENTS,
+        build_asof(delay="0s", dim_delay="0s"),
+        left_schema=EVENTS,
         right_schema={"k": pl.Int64, "valid_from": TS, "price": pl.Float64},
         checkpoint=tmp_path,
     )
@@ -133,13 +132,19 @@ def test_events_wait_for_the_dimension_watermark(tmp_path: Path) -> None:
 
 def test_a_version_stays_while_an_event_may_still_need_it(tmp_path: Path) -> None:
     test = JoinStreamTest(
-        build_asof(delay="0s", dim_delay="0s"), left_schema=EVENTS,
+        build_asof(delay="0s", dim_delay="0s"),
+        left_schema=EVENTS,
         right_schema={"k": pl.Int64, "valid_from": TS, "price": pl.Float64},
         checkpoint=tmp_path,
     )
     at = test.at
-    test.add_right({"k": [1, 1, 2], "valid_from": [at("00:00:05"), at("00:00:11"),
-                                                   at("00:00:10")], "price": [1.0, 2.0, 0.0]})
+    test.add_right(
+        {
+            "k": [1, 1, 2],
+            "valid_from": [at("00:00:05"), at("00:00:11"), at("00:00:10")],
+            "price": [1.0, 2.0, 0.0],
+        }
+    )
     test.add_left({"eid": [1], "k": [3], "ts": [at("00:00:10")]}).process()
     assert test.watermark_ms == ms_of(at("00:00:10"))
     # the 0:05 version is superseded at 0:11 > W: an event at 0:10.5 still needs it
@@ -159,7 +164,9 @@ def ms_of(ts) -> int:
 def test_state_is_bounded_over_a_long_run(tmp_path: Path) -> None:
     keys, batches, per_batch_s, events_per_s = 20, 60, 30, 10
     test = JoinStreamTest(
-        build_asof(delay="10s", dim_delay="0s"), left_schema=EVENTS, right_schema=DIM,
+        build_asof(delay="10s", dim_delay="0s"),
+        left_schema=EVENTS,
+        right_schema=DIM,
         checkpoint=tmp_path,
     )
     sizes = []
@@ -169,8 +176,9 @@ def test_state_is_bounded_over_a_long_run(tmp_path: Path) -> None:
         i = pl.int_range(b * n, (b + 1) * n, eager=True)
         ev = pl.DataFrame({"eid": i}).with_columns(
             k=pl.col("eid") % keys,
-            ts=(pl.lit(T0) + pl.duration(milliseconds=t0 + (pl.col("eid") % n) * 100))
-            .dt.cast_time_unit("ms"),
+            ts=(
+                pl.lit(T0) + pl.duration(milliseconds=t0 + (pl.col("eid") % n) * 100)
+            ).dt.cast_time_unit("ms"),
         )
         # every key gets a new version every 10 s of event time
         j = pl.int_range(0, keys * per_batch_s // 10, eager=True)
@@ -198,8 +206,9 @@ def test_restart_gives_identical_output(tmp_path: Path) -> None:
     ev_rows = [(i % 3, (i * 7_919) % 200_000) for i in range(60)]
     dim_rows = [(i % 3, (i * 3_001) % 200_000) for i in range(30)]
     cut = [10, 20, 30, 40, 50]
-    a = run(ev_rows, dim_rows, cut, [5, 10, 15, 20, 25], tmp_path / "a")[0]
-    b = run(ev_rows, dim_rows, cut, [5, 10, 15, 20, 25], tmp_path / "b", restart_every=2)[0]
+    cuts = (cut, [5, 10, 15, 20, 25])
+    a = run(ev_rows, dim_rows, cuts, tmp_path / "a")[0]
+    b = run(ev_rows, dim_rows, cuts, tmp_path / "b", restart_every=2)[0]
     assert a.sink.batches.keys() == b.sink.batches.keys()
     for bid, df in a.sink.batches.items():
         assert b.sink.batches[bid].equals(df, null_equal=True), bid

@@ -27,7 +27,7 @@ rows = st.lists(
     st.tuples(st.sampled_from([0, 1, 2]), st.integers(0, 300).map(lambda s: s * 1000)),
     max_size=40,
 )
-cuts = st.lists(st.integers(1, 39), max_size=6)
+cuts = st.tuples(*[st.lists(st.integers(1, 39), max_size=6)] * 2)
 SIZE, SLIDE = 60_000, 30_000
 
 
@@ -38,17 +38,20 @@ def with_windows(df: pl.DataFrame, size: int, slide: int) -> pl.DataFrame:
     out = df.with_columns(
         (last - pl.int_ranges(0, k, dtype=pl.Int64) * slide).alias("__ws")
     ).explode("__ws")
-    to_ts = pl.from_epoch("__ws", time_unit="ms").dt.cast_time_unit("ms").dt.replace_time_zone("UTC")
+    to_ts = (
+        pl.from_epoch("__ws", time_unit="ms").dt.cast_time_unit("ms").dt.replace_time_zone("UTC")
+    )
     return out.with_columns(
         to_ts.alias("window_start"),
         (to_ts + pl.duration(milliseconds=size)).alias("window_end"),
     ).drop("__ws")
 
 
-def kept_assignments(df: pl.DataFrame, test: JoinStreamTest, side: str, id_col: str, slide: int,
-                     size: int) -> pl.DataFrame:
+def kept_assignments(
+    df: pl.DataFrame, test: JoinStreamTest, side: str, id_col: str, slide: int
+) -> pl.DataFrame:
     """Window assignments of ``df`` minus those the engine sent to the late output."""
-    assigned = with_windows(df, size, slide)
+    assigned = with_windows(df, SIZE, slide)
     late = test.late_rows
     if late.height == 0 or id_col not in late.columns:
         return assigned
@@ -61,21 +64,19 @@ def kept_assignments(df: pl.DataFrame, test: JoinStreamTest, side: str, id_col: 
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(left=rows, right=rows, lcuts=cuts, rcuts=cuts)
-def test_join_window_split_invariance(
-    tmp_path_factory, how, slide, left, right, lcuts, rcuts
-) -> None:
+@given(both=st.tuples(rows, rows), cuts=cuts)
+def test_join_window_split_invariance(tmp_path_factory, how, slide, both, cuts) -> None:
     spec = mb.window("ts", "1m", slide=None if slide == SIZE else "30s")
 
-    def build(l, r):
-        return l.with_watermark("ts", "20s").join_window(
-            r.with_watermark("ts", "20s"), on="k", window=spec, how=how
+    def build(left, right):
+        return left.with_watermark("ts", "20s").join_window(
+            right.with_watermark("ts", "20s"), on="k", window=spec, how=how
         )
 
-    lf, rf = frame(left, "lid"), frame(right, "rid")
-    test = run_two(build, lf, rf, lcuts, rcuts, tmp_path_factory.mktemp("w"))
-    kl = kept_assignments(lf, test, "left", "lid", slide, SIZE)
-    kr = kept_assignments(rf, test, "right", "rid", slide, SIZE)
+    lf, rf = frame(both[0], "lid"), frame(both[1], "rid")
+    test = run_two(build, lf, rf, cuts, tmp_path_factory.mktemp("w"))
+    kl = kept_assignments(lf, test, "left", "lid", slide)
+    kr = kept_assignments(rf, test, "right", "rid", slide)
     on = ["window_start", "window_end", "k"]
     want = kl.join(kr, on=on, how="inner", coalesce=True)
     if how == "full":
@@ -107,16 +108,15 @@ def agg(stream: mb.Stream, name: str) -> mb.Stream:
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(left=rows, right=rows, lcuts=cuts, rcuts=cuts)
-def test_join_of_windowed_aggregations_split_invariance(
-    tmp_path_factory, how, left, right, lcuts, rcuts
-) -> None:
-    def build(l, r):
-        return agg(l, "clicks").join(agg(r, "buys"), on=["window_start", "window_end", "k"],
-                                     how=how)
+@given(both=st.tuples(rows, rows), cuts=cuts)
+def test_join_of_windowed_aggregations_split_invariance(tmp_path_factory, how, both, cuts) -> None:
+    def build(left, right):
+        return agg(left, "clicks").join(
+            agg(right, "buys"), on=["window_start", "window_end", "k"], how=how
+        )
 
-    lf, rf = frame(left, "lid"), frame(right, "rid")
-    test = run_two(build, lf, rf, lcuts, rcuts, tmp_path_factory.mktemp("a"))
+    lf, rf = frame(both[0], "lid"), frame(both[1], "rid")
+    test = run_two(build, lf, rf, cuts, tmp_path_factory.mktemp("a"))
     late = test.late_rows
     late_l = late["lid"].drop_nulls() if "lid" in late.columns else pl.Series([], dtype=pl.Int64)
     late_r = late["rid"].drop_nulls() if "rid" in late.columns else pl.Series([], dtype=pl.Int64)
@@ -147,10 +147,12 @@ def test_join_of_windowed_aggregations_split_invariance(
 
 def test_windowed_join_example(tmp_path: Path) -> None:
     test = JoinStreamTest(
-        lambda l, r: l.with_watermark("ts", "0s").join_window(
-            r.with_watermark("ts", "0s"), on="k", window=mb.window("ts", "1m"), how="left"
+        lambda left, right: left.with_watermark("ts", "0s").join_window(
+            right.with_watermark("ts", "0s"), on="k", window=mb.window("ts", "1m"), how="left"
         ),
-        left_schema=LEFT, right_schema=RIGHT, checkpoint=tmp_path,
+        left_schema=LEFT,
+        right_schema=RIGHT,
+        checkpoint=tmp_path,
     )
     at = test.at
     test.add_left({"lid": [1, 2], "k": [1, 2], "ts": [at("00:00:10"), at("00:00:20")]})
