@@ -13,8 +13,37 @@ import polars as pl
 from microbatch.aggregates import AggSpec
 from microbatch.checkpoint.files import read_json, write_json_atomic
 from microbatch.exceptions import CheckpointError, IncompatibleCheckpointError, PlanError
+from microbatch.watermark import event_time_ms
 
 LATE_REASON = "late_reason"
+TIME = "__t"
+"""Transient column: a row's event time in epoch milliseconds."""
+
+
+def split_late_by_time(
+    df: pl.DataFrame, time_column: str, watermark_ms: int | None, *, label: str = "event"
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Rows that are not late (with ``__t``), and the late rows (with ``late_reason``).
+
+    The timestamp rule shared by sessions, dedupe and joins: a row is late when
+    its time is null or at or before the watermark in force.
+    """
+    rows = df.with_columns(event_time_ms(time_column, df.schema).alias(TIME))
+    late_expr = pl.col(TIME).is_null()
+    reason = pl.when(pl.col(TIME).is_null()).then(pl.lit(f"{label} time {time_column!r} is null"))
+    if watermark_ms is not None:
+        late_expr = late_expr | (pl.col(TIME) <= watermark_ms)
+        reason = reason.otherwise(
+            pl.format(
+                "{} time {} is at or before watermark {}",
+                pl.lit(label),
+                pl.col(TIME),
+                pl.lit(watermark_ms),
+            )
+        )
+    marked = rows.with_columns(late_expr.alias("__late"))
+    late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
+    return marked.filter(~pl.col("__late")).drop("__late"), late
 
 
 @dataclass
@@ -123,8 +152,7 @@ def check_input_types(
             current.update(dict.fromkeys(names, schema[agg.column] if agg.column else pl.Null()))
     changed = sorted(
         {
-            f"{origins[name]} is {current[name]} in batch {batch_id}, "
-            f"{recorded[name]} in the state"
+            f"{origins[name]} is {current[name]} in batch {batch_id}, {recorded[name]} in the state"
             for name in current
             if name in recorded and current[name] != recorded[name]
         }
@@ -138,9 +166,7 @@ def check_input_types(
         )
 
 
-def check_operator_set(
-    state_root: Path, batch_id: int, operators: list[StatefulOperator]
-) -> None:
+def check_operator_set(state_root: Path, batch_id: int, operators: list[StatefulOperator]) -> None:
     """Refuse a job whose stateful operators are not the ones the checkpoint
     has state for: one gained after batch 0 would start from empty state, one
     lost would leave its results out, both silently."""

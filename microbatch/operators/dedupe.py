@@ -20,13 +20,12 @@ import polars as pl
 from microbatch.aggregates import TIME
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import (
-    LATE_REASON,
     OperatorContext,
     StatefulOperator,
     check_signature,
+    split_late_by_time,
 )
 from microbatch.operators.window_agg import _read_schema, _write_schema
-from microbatch.watermark import event_time_ms
 
 if TYPE_CHECKING:
     from statestore import StateStore, StateStoreProvider
@@ -113,25 +112,12 @@ class Deduplicate(StatefulOperator):
         if store is None or df.width == 0:
             return df
         wm = ctx.watermark_ms
-        rows = df.with_columns(event_time_ms(self.time_column, df.schema).alias(TIME))
-        late_expr = pl.col(TIME).is_null()
-        reason = pl.when(pl.col(TIME).is_null()).then(
-            pl.lit(f"event time {self.time_column!r} is null")
-        )
-        if wm is not None:
-            late_expr = late_expr | (pl.col(TIME) <= wm)
-            reason = reason.otherwise(
-                pl.format("event time {} is at or before watermark {}", pl.col(TIME), pl.lit(wm))
-            )
-        rows = rows.with_columns(late_expr.alias("__late"))
-        late = rows.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
+        kept, late = split_late_by_time(df, self.time_column, wm)
         if late.height:
             ctx.late_rows.append(late)
         if wm is not None:  # keys older than `within` before the watermark are forgotten
             store.pop_expired(wm)
-        first = rows.filter(~pl.col("__late")).unique(
-            self.subset, keep="first", maintain_order=True
-        )
+        first = kept.unique(self.subset, keep="first", maintain_order=True)
         seen = store.lookup(first.select(self.subset))["__found"]
         new = first.filter(~seen)
         store.upsert(new.select(*self.subset, (pl.col(TIME) + self.within_ms).alias(EXPIRES)))
@@ -140,4 +126,4 @@ class Deduplicate(StatefulOperator):
             "late_rows": late.height,
             "duplicates_dropped": df.height - late.height - new.height,
         }
-        return new.drop(TIME, "__late")
+        return new.drop(TIME)

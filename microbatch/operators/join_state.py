@@ -18,8 +18,11 @@ import polars as pl
 
 from microbatch.checkpoint.files import read_json, write_bytes_atomic, write_json_atomic
 from microbatch.exceptions import IncompatibleCheckpointError, PlanError
-from microbatch.operators.base import LATE_REASON, OperatorContext, StatefulOperator
-from microbatch.watermark import event_time_ms
+from microbatch.operators.base import (
+    OperatorContext,
+    StatefulOperator,
+    split_late_by_time,
+)
 
 T = "__t"
 """Transient column: a row's join time in epoch milliseconds."""
@@ -32,28 +35,11 @@ def split_late(
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Rows that are not late (with ``__t``), and the late rows (with reason and side).
 
-    A row is late when its time is null or at or before the watermark in force.
+    A row is late when its time is null or at or before the watermark in force
+    (:func:`microbatch.operators.base.split_late_by_time`).
     """
-    rows = df.with_columns(event_time_ms(time_column, df.schema).alias(T))
-    late_expr = pl.col(T).is_null()
-    reason = pl.when(pl.col(T).is_null()).then(pl.lit(f"{side} time {time_column!r} is null"))
-    if watermark_ms is not None:
-        late_expr = late_expr | (pl.col(T) <= watermark_ms)
-        reason = reason.otherwise(
-            pl.format(
-                "{} time {} is at or before watermark {}",
-                pl.lit(side),
-                pl.col(T),
-                pl.lit(watermark_ms),
-            )
-        )
-    marked = rows.with_columns(late_expr.alias("__late"))
-    late = (
-        marked.filter("__late")
-        .with_columns(reason.alias(LATE_REASON), pl.lit(side).alias(JOIN_SIDE))
-        .drop(T, "__late")
-    )
-    return marked.filter(~pl.col("__late")).drop("__late"), late
+    kept, late = split_late_by_time(df, time_column, watermark_ms, label=side)
+    return kept, late.with_columns(pl.lit(side).alias(JOIN_SIDE))
 
 
 def require_columns(schema: pl.Schema, columns: list[str], *, side: str, what: str) -> None:

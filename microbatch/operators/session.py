@@ -34,14 +34,13 @@ import polars as pl
 
 from microbatch.aggregates import TIME, AggSpec
 from microbatch.operators.base import (
-    LATE_REASON,
     OperatorContext,
     StatefulOperator,
     check_input_types,
     check_signature,
+    split_late_by_time,
 )
 from microbatch.operators.window_agg import _ms_to, _read_schema, _write_schema
-from microbatch.watermark import event_time_ms
 from microbatch.windows import SessionWindowSpec
 from sinks.base import OutputMode
 
@@ -131,8 +130,14 @@ class SessionAggregate(StatefulOperator):
             _write_schema(self.state_dir / "schema.arrow", schema)
             self._make_providers(schema)
         elif df.width:
-            check_input_types(self.state_dir, batch_id, recorded=dict(self.row_schema),
-                              schema=df.schema, keys=self.keys, aggs=self.aggs)
+            check_input_types(
+                self.state_dir,
+                batch_id,
+                recorded=dict(self.row_schema),
+                schema=df.schema,
+                keys=self.keys,
+                aggs=self.aggs,
+            )
         self.sessions = self.providers["sessions"].load(batch_id)
         self.index = self.providers["index"].load(batch_id)
         return True
@@ -178,23 +183,11 @@ class SessionAggregate(StatefulOperator):
     def _events(self, df: pl.DataFrame, wm: int | None, ctx: OperatorContext) -> pl.DataFrame:
         """Rows that are not late, pre-aggregated per (keys, event time)."""
         gap = self.window.gap_ms
-        rows = df.lazy().with_columns(event_time_ms(self.window.column, df.schema).alias(TIME))
-        late_expr = pl.col(TIME).is_null()
-        reason = pl.when(pl.col(TIME).is_null()).then(
-            pl.lit(f"event time {self.window.column!r} is null")
-        )
-        if wm is not None:
-            late_expr = late_expr | (pl.col(TIME) <= wm)
-            reason = reason.otherwise(
-                pl.format("event time {} is at or before watermark {}", pl.col(TIME), pl.lit(wm))
-            )
-        marked = rows.with_columns(late_expr.alias("__late")).collect()
-        late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
+        kept, late = split_late_by_time(df, self.window.column, wm)
         if late.height:
             ctx.late_rows.append(late)
         return (
-            marked.lazy()
-            .filter(~pl.col("__late"))
+            kept.lazy()
             .with_columns(pl.col(TIME).alias(S))
             .group_by([*self.keys, S], maintain_order=True)
             .agg([e for a in self.aggs for e in a.partials()])
