@@ -6,7 +6,7 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -14,6 +14,9 @@ from microbatch.aggregates import AggSpec
 from microbatch.checkpoint.files import read_json, write_json_atomic
 from microbatch.exceptions import CheckpointError, IncompatibleCheckpointError, PlanError
 from microbatch.watermark import event_time_ms
+
+if TYPE_CHECKING:
+    from statestore import StateStore
 
 LATE_REASON = "late_reason"
 TIME = "__t"
@@ -95,6 +98,25 @@ class StatefulOperator(ABC):
     def metrics(self) -> dict[str, Any]:
         """State metrics of the last batch (rows, bytes, commit time...)."""
         return {}
+
+
+class SingleStoreOperator(StatefulOperator):
+    """A stateful operator whose whole state is one store, ``self.store``
+    (loaded per batch by the subclass)."""
+
+    store: StateStore | None = None
+
+    def commit(self) -> None:
+        if self.store is not None:
+            self.store.commit()
+
+    def abort(self) -> None:
+        if self.store is not None:
+            self.store.abort()
+            self.store = None
+
+    def metrics(self) -> dict[str, Any]:
+        return dict(self.store.metrics) if self.store is not None else {}
 
 
 def check_signature(state_dir: Path, signature: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from microbatch.aggregates import TIME
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import (
     OperatorContext,
-    StatefulOperator,
+    SingleStoreOperator,
     check_signature,
     split_late_by_time,
 )
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 EXPIRES = "__expires"
 
 
-class Deduplicate(StatefulOperator):
+class Deduplicate(SingleStoreOperator):
     """Keeps the first row of each ``subset`` key within ``within_ms`` of event time."""
 
     def __init__(
@@ -94,18 +94,6 @@ class Deduplicate(StatefulOperator):
         assert self.provider is not None
         self.store = self.provider.load(batch_id)
         return self.store
-
-    def commit(self) -> None:
-        if self.store is not None:
-            self.store.commit()
-
-    def abort(self) -> None:
-        if self.store is not None:
-            self.store.abort()
-            self.store = None
-
-    def metrics(self) -> dict[str, Any]:
-        return dict(self.store.metrics) if self.store is not None else {}
 
     def process(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
         store = self._load(df, ctx.batch_id)

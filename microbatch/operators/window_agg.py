@@ -36,7 +36,7 @@ from microbatch.exceptions import PlanError
 from microbatch.operators.base import (
     LATE_REASON,
     OperatorContext,
-    StatefulOperator,
+    SingleStoreOperator,
     check_input_types,
     check_signature,
 )
@@ -52,7 +52,7 @@ EXPIRE = "__expire_at"
 REV = "__rev"
 
 
-class WindowAggregate(StatefulOperator):
+class WindowAggregate(SingleStoreOperator):
     """``group_by([window], *keys).agg(...)`` with state in a versioned store."""
 
     is_aggregation = True
@@ -150,23 +150,17 @@ class WindowAggregate(StatefulOperator):
 
     def _check_types(self, df: pl.DataFrame, batch_id: int) -> None:
         """The batch's keys and aggregated columns have the state's types."""
-        check_input_types(self.state_dir, batch_id, recorded=dict(self.row_schema),
-                          schema=df.schema, keys=self.keys, aggs=self.aggs)
-
-    def commit(self) -> None:
-        if self.store is not None:
-            self.store.commit()
-
-    def abort(self) -> None:
-        if self.store is not None:
-            self.store.abort()
-            self.store = None
+        check_input_types(
+            self.state_dir,
+            batch_id,
+            recorded=dict(self.row_schema),
+            schema=df.schema,
+            keys=self.keys,
+            aggs=self.aggs,
+        )
 
     def has_expirable_state(self, watermark_ms: int | None) -> bool:
         return self.window is not None and self.output_mode != "complete"
-
-    def metrics(self) -> dict[str, Any]:
-        return dict(self.store.metrics) if self.store is not None else {}
 
     # ------------------------------------------------------------ batch
 
