@@ -59,6 +59,8 @@ NOT_APPLICABLE = {
                              "(its input yields one file per batch; see q1-small)",
     ("quix", "q1-large"): "per-record consumer of a Kafka topic: no batch size (see q1-small)",
     ("quix", "q4"): "no batches to size: it consumes Kafka records one by one",
+    ("microbatch-noop", "q5"): "the sink's share is shown on q1-small",
+    ("spark-noop", "q5"): "the sink's share is shown on q1-small",
 }
 LABELS = {
     "polars-oneshot": ("one-shot Polars (limit)", "parquet"),
@@ -263,19 +265,20 @@ class Broker:
                            capture_output=True, timeout=120, check=False,
                            env={**os.environ, "MICROBATCH_PYTHON": sys.executable})
 
-    def topic_for(self, ds: data.Dataset) -> str:
-        """A one-partition topic with ``ds``'s rows in arrival order (made once)."""
-        if ds.path.name in self.topics:
-            return self.topics[ds.path.name]
+    def topic_for(self, ds: data.Dataset, partitions: int = 1) -> str:
+        """A topic of ``partitions`` partitions with ``ds``'s rows in arrival order
+        within each partition (made once; kept across runs of the runner)."""
+        name = f"compare-{ds.path.name}-p{partitions}"
+        if name in self.topics:
+            return name
         assert self.bootstrap
-        name = f"compare-{ds.path.name}"
-        if _topic_size(self.bootstrap, name) != ds.rows:
-            _produce(self.bootstrap, name, ds)
-        self.topics[ds.path.name] = name
+        if _topic_size(self.bootstrap, name) != (ds.rows, partitions):
+            _produce(self.bootstrap, name, ds, partitions)
+        self.topics[name] = name
         return name
 
 
-def _topic_size(bootstrap: str, topic: str) -> int | None:
+def _topic_size(bootstrap: str, topic: str) -> tuple[int, int] | None:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "compare-probe"})
@@ -287,13 +290,14 @@ def _topic_size(bootstrap: str, topic: str) -> int | None:
         for p in meta.partitions:
             lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
             total += hi - lo
-        return total
+        return total, len(meta.partitions)
     finally:
         consumer.close()
 
 
-def _produce(bootstrap: str, topic: str, ds: data.Dataset) -> None:
-    """Key = card id, value = JSON row, timestamp = event time; file order."""
+def _produce(bootstrap: str, topic: str, ds: data.Dataset, partitions: int) -> None:
+    """Key = card id, value = JSON row, timestamp = event time; file order; partition =
+    card id mod ``partitions`` (so each card's rows stay in one ordered partition)."""
     import polars as pl
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -303,7 +307,7 @@ def _produce(bootstrap: str, topic: str, ds: data.Dataset) -> None:
     time.sleep(1)
     # Event times are in the past: without retention.ms=-1 the broker deletes the
     # segments at once (time-based retention looks at the message timestamps).
-    admin.create_topics([NewTopic(topic, 1, 1, config={"retention.ms": "-1",
+    admin.create_topics([NewTopic(topic, partitions, 1, config={"retention.ms": "-1",
                                                        "retention.bytes": "-1"})])[topic].result(30)
     time.sleep(1)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50,
@@ -318,11 +322,13 @@ def _produce(bootstrap: str, topic: str, ds: data.Dataset) -> None:
                       pl.col("event_time").dt.epoch("ms").alias("event_time"))
             .struct.json_encode().alias("value"),
             pl.col("event_time").dt.epoch("ms").alias("ts"),
+            (pl.col("card_id") % partitions).alias("partition"),
         )
-        for key, value, ts in frame.iter_rows():
+        for key, value, ts, partition in frame.iter_rows():
             while True:
                 try:
-                    producer.produce(topic, value=value, key=key, timestamp=ts, partition=0)
+                    producer.produce(topic, value=value, key=key, timestamp=ts,
+                                     partition=partition)
                     break
                 except BufferError:
                     producer.poll(0.1)
@@ -430,7 +436,12 @@ def check_cells(spec: Spec, quick: bool, cells: dict[str, Cell]) -> None:
     limit = cells.get("polars-oneshot")
     all_rows = (cc.load(Path(limit.runs[0]["output_file"])) if limit and limit.runs else None)
     final_wm = cc.final_watermark(ours.runs[0]) if ours and ours.runs else None
-    if ours and ours.runs and spec.windowed:
+    if ours and ours.runs and spec.kafka_partitions and all_rows is not None \
+            and ours_out is not None:
+        verdict, detail = cc.check_against_all(ours_out, all_rows, final_wm or 0,
+                                               int(ours.runs[0].get("late_rows") or 0))
+        ours.check, ours.check_detail = f"vs one-shot: {verdict}", detail
+    elif ours and ours.runs and spec.windowed:
         try:
             from benchmarks import windowed
             from benchmarks.compare_engines import _oneshot_case
@@ -465,7 +476,8 @@ def check_cells(spec: Spec, quick: bool, cells: dict[str, Cell]) -> None:
                     ours_out, peer_out, all_rows if all_rows is not None else ours_out, final_wm)
                 cell.check, cell.check_detail = verdict, detail
                 cell.runs[0]["check_counts"] = counts
-                if engine == "spark" and spec.query in ("q1", "q2") and final_wm is not None:
+                if (engine == "spark" and spec.query in ("q1", "q2") and final_wm is not None
+                        and not spec.kafka_partitions):
                     cell.check += "; " + _spark_rule_check(spec, quick, peer_out, final_wm)
             else:
                 cell.check, counts = cc.compare_rows(ours_out, peer_out)
@@ -548,7 +560,9 @@ def render(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool, *,
         "`maxFilesPerTrigger`, `withWatermark`, `groupBy(window(...), card_id)`, "
         "available-now trigger, default (HDFS-backed) state store. Bytewax: one worker "
         "(`run_main`), event-time clock with a fixed system clock. Quix: one-partition "
-        "topic, `closing_strategy=\"partition\"`, grace 10 s.",
+        "topic (Q5: three), `closing_strategy=\"partition\"`, grace 10 s. Q5: every engine "
+        "reads the same 3-partition topic (JSON values; event time = message timestamp); "
+        "its one-shot limit is Q1's, over the Parquet files.",
         "",
         "| workload | rows/batch | engine | sink | events/s | vs microbatch | vs one-shot "
         "| peak RSS (tree) | output check | notes |",
@@ -587,7 +601,9 @@ def render(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool, *,
                   f"{info['nproc']}); well above that, other processes were competing for the "
                   "CPUs and the numbers are pessimistic."]
     lines += ["", "Workloads:", ""]
-    lines += [f"- **{s.name}**: {s.title}; {s.files_per_batch} file(s) per batch." for s in specs]
+    lines += [f"- **{s.name}**: {s.title}; " + (
+        f"{s.rows_per_batch(quick):,} records per batch" if s.kafka_partitions else
+        f"{s.files_per_batch} file(s) per batch") + "." for s in specs]
     if skipped_peers:
         lines += ["", "## Skipped peers", ""]
         lines += [f"- **{engine}**: {why}" for engine, why in skipped_peers.items()]
@@ -723,9 +739,10 @@ def main(argv: list[str] | None = None) -> int:
     install_failures = install_extras() if args.install else {}
     skipped_peers = probe_peers(engines, install_failures)
     broker = Broker()
-    if "quix" in engines and "quix" not in skipped_peers and any(
-            (("quix", s.name) not in NOT_APPLICABLE) for s in specs):
-        print("starting a Kafka broker for Quix Streams (scripts/kafka) ...", flush=True)
+    if any(s.kafka_partitions for s in specs) or (
+            "quix" in engines and "quix" not in skipped_peers
+            and any(("quix", s.name) not in NOT_APPLICABLE for s in specs)):
+        print("starting a Kafka broker (scripts/kafka) for Quix Streams and Q5 ...", flush=True)
         broker.start()
         if broker.error:
             skipped_peers["quix"] = broker.error
@@ -747,11 +764,16 @@ def main(argv: list[str] | None = None) -> int:
                 elif (engine, spec.name) in NOT_APPLICABLE:
                     cell.skipped = "n/a: " + NOT_APPLICABLE[(engine, spec.name)]
             topic = None
-            if "quix" in cells and not cells["quix"].skipped:
+            readers = [e for e, c in cells.items() if not c.skipped and (
+                e == "quix" or (spec.kafka_partitions and e != "polars-oneshot"))]
+            if readers:
                 try:
-                    topic = broker.topic_for(spec.dataset(quick))
+                    if broker.error:
+                        raise RuntimeError(broker.error)
+                    topic = broker.topic_for(spec.dataset(quick), spec.kafka_partitions or 1)
                 except Exception as exc:
-                    cells["quix"].skipped = f"could not fill the Kafka topic: {exc}"
+                    for engine in readers:
+                        cells[engine].skipped = f"no Kafka topic: {exc}"
             print(f"== {spec.name}: {spec.title}, {spec.rows_per_batch(quick):,} rows/batch",
                   flush=True)
             for rep in range(reps):
@@ -759,11 +781,12 @@ def main(argv: list[str] | None = None) -> int:
                     if cell.skipped or (engine in ("bytewax", "quix") and rep >= record_reps):
                         continue
                     print(f"  {engine} (run {rep + 1}) ...", end=" ", flush=True)
+                    reads_kafka = engine in readers
                     try:
                         result = run_one(
                             engine, spec, quick, rep, timeout_s=timeout,
-                            topic=topic if engine == "quix" else None,
-                            bootstrap=broker.bootstrap if engine == "quix" else None)
+                            topic=topic if reads_kafka else None,
+                            bootstrap=broker.bootstrap if reads_kafka else None)
                     except Exception as exc:
                         print(f"failed: {exc}", flush=True)
                         if not cell.runs:

@@ -108,6 +108,39 @@ def compare_windows(ours: pl.DataFrame, peer: pl.DataFrame, all_rows: pl.DataFra
     return verdict, detail, counts
 
 
+def check_against_all(ours: pl.DataFrame, all_rows: pl.DataFrame, final_wm: int,
+                      late_rows: int) -> tuple[str, list[str]]:
+    """Q5 (Kafka batches are not file batches, so there is no simulated reference): every
+    window our final watermark closed equals the one-shot window over all rows, except
+    that rows we counted as late are missing; those missing rows add up to our late count
+    and no window of ours has more rows than the one-shot's."""
+    closed = all_rows.filter(pl.col("we") <= final_wm)
+    joined = closed.join(ours, on=KEYS, how="full", coalesce=True, suffix="_o")
+    both = joined.filter(pl.col("n").is_not_null() & pl.col("n_o").is_not_null())
+    same = both.filter((pl.col("n") == pl.col("n_o")) & (pl.col("we") == pl.col("we_o")))
+    value_diff = same.filter(
+        (pl.col("amount") - pl.col("amount_o")).abs()
+        > 1e-6 * pl.col("amount").abs().clip(lower_bound=1.0))
+    short = both.filter(pl.col("n_o") < pl.col("n"))
+    over = both.filter(pl.col("n_o") > pl.col("n"))
+    missing = joined.filter(pl.col("n_o").is_null())
+    extra = joined.filter(pl.col("n").is_null())
+    deficit = int(joined.filter(pl.col("n").is_not_null())
+                  .select((pl.col("n") - pl.col("n_o").fill_null(0)).sum()).item() or 0)
+    ok = not (value_diff.height or over.height or extra.height) and deficit == late_rows
+    verdict = (f"{same.height - value_diff.height:,} windows equal the one-shot's; "
+               f"{short.height + missing.height:,} short by {deficit:,} rows, "
+               f"{'= ' if deficit == late_rows else '≠ '}{late_rows:,} counted late")
+    if not ok:
+        verdict = (f"DIFF: {verdict}; value diffs {value_diff.height:,}, more rows than "
+                   f"one-shot {over.height:,}, windows not in one-shot {extra.height:,}")
+    detail = []
+    if not ok:
+        detail = ["```", str(pl.concat([value_diff, over, extra], how="diagonal_relaxed")
+                             .sort(KEYS).head(8)), "```"]
+    return verdict, detail
+
+
 def compare_rows(ours: pl.DataFrame, peer: pl.DataFrame) -> tuple[str, dict[str, int]]:
     """Q4 (filter): the same ``event_id`` set and amounts."""
     joined = ours.join(peer, on="event_id", how="full", coalesce=True, suffix="_p")

@@ -16,7 +16,8 @@ Normalized outputs, compared by :mod:`benchmarks.compare_check`:
 - q4 (filter): ``event_id``, ``amount``.
 
 Timing: ``wall_s`` covers starting the query to its end, with the data read
-from the same Parquet files (Quix: from a Kafka topic of the same rows). It
+from the same Parquet files (Quix, and every engine on Q5: from a Kafka topic of
+the same rows). It
 leaves out interpreter start, imports and, for Spark, creating the
 SparkSession (JVM start), which are reported as ``startup_s``.
 """
@@ -37,6 +38,9 @@ import polars as pl
 from benchmarks import data
 
 DELAY_S = 10
+KAFKA_VALUE_SCHEMA = {"event_id": pl.Int64, "card_id": pl.Int64, "amount": pl.Float64}
+"""The JSON value of a Q5 record (it also holds ``event_time`` in epoch ms, which
+equals the message timestamp every engine reads as event time)."""
 WINDOW_COLUMNS = ("ws", "we", "card_id", "n", "amount")
 Q4_THRESHOLD = 20.0
 
@@ -50,6 +54,10 @@ class Spec:
     files_per_batch: int
     tiny: bool = False
     title: str = ""
+    kafka_partitions: int = 0
+    """> 0: the engines read the rows from a Kafka topic of that many partitions
+    (key = card id, partition = card id mod partitions, message timestamp = event
+    time) instead of the Parquet files; a batch is ``rows_per_batch`` records."""
 
     def dataset(self, quick: bool) -> data.Dataset:
         return data.tiny(quick) if self.tiny else data.events(quick)
@@ -69,8 +77,12 @@ WORKLOADS = {
     "q3": Spec("q3", "q3", 1, title="Q3 session windows, 30 s gap, count+sum per card"),
     "q4": Spec("q4", "q4", 1, tiny=True,
                title="Q4 tiny batches: filter amount > 20 → sink, 1 file per batch"),
+    "q5": Spec("q5", "q1", 1, kafka_partitions=3,
+               title="Q5 Q1 over Kafka: the same rows from a 3-partition topic (JSON values), "
+                     "tumbling 1 min count+sum per card"),
 }
-"""Small batches are one input file (100k rows; 50k with --quick), large ten."""
+"""Small batches are one input file (100k rows; 50k with --quick), large ten; Q5
+reads as many records per batch from Kafka."""
 
 ENGINES = ("polars-oneshot", "microbatch", "microbatch-noop", "spark", "spark-noop",
            "bytewax", "quix")
@@ -121,14 +133,22 @@ def _oneshot_case(spec: Spec) -> Any:
 # --------------------------------------------------------------------------- this engine
 
 
-def run_microbatch(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool) -> dict[str, Any]:
-    """This engine, reusing the workloads' queries (``benchmarks.q*``)."""
+def run_microbatch(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
+                   kafka: tuple[str, str] | None = None) -> dict[str, Any]:
+    """This engine, reusing the workloads' queries (``benchmarks.q*``); with ``kafka``
+    (bootstrap, topic) it reads the topic, event time = the message timestamp."""
     import microbatch as mb
     from benchmarks.measure import run_available_now
     from microbatch.sources.generator import GENERATOR_SCHEMA
 
-    src = mb.read_files(ds.path, max_files_per_batch=spec.files_per_batch,
-                        schema=GENERATOR_SCHEMA)
+    if kafka is not None:
+        src = (mb.read_kafka(kafka[1], bootstrap=kafka[0], schema=KAFKA_VALUE_SCHEMA,
+                             max_records_per_batch=ds.rows_per_file * spec.files_per_batch,
+                             metadata_columns=("timestamp",))
+               .rename({"timestamp": "event_time"}))
+    else:
+        src = mb.read_files(ds.path, max_files_per_batch=spec.files_per_batch,
+                            schema=GENERATOR_SCHEMA)
     if spec.query == "q4":
         stream = src.filter(pl.col("amount") > Q4_THRESHOLD)
     else:
@@ -189,8 +209,11 @@ default 200, which would cost ~200 state-store tasks per batch; driver heap
 4 GiB (default 1 GiB). State store: the default (HDFS-backed, in memory)."""
 
 
-def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool) -> dict[str, Any]:
-    """Spark Structured Streaming: file source, watermark, window, append mode."""
+def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
+              kafka: tuple[str, str] | None = None) -> dict[str, Any]:
+    """Spark Structured Streaming: file source (or, with ``kafka``, the Kafka source of
+    ``spark-sql-kafka`` fetched by Ivy from Maven Central, ``maxOffsetsPerTrigger``,
+    ``from_json``, event time = the message timestamp), watermark, window, append mode."""
     t_start = time.perf_counter()
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -204,7 +227,13 @@ def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool) -> dic
     )
 
     builder = SparkSession.builder.master("local[2]").appName("microbatch-compare")
-    for key, value in SPARK_CONF.items():
+    conf = dict(SPARK_CONF)
+    if kafka is not None:
+        import pyspark
+
+        conf["spark.jars.packages"] = (
+            f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}")
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -214,8 +243,17 @@ def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool) -> dic
         StructField("merchant", StringType()), StructField("amount", DoubleType()),
         StructField("event_time", TimestampType()),
     ])
-    src = (spark.readStream.schema(schema)
-           .option("maxFilesPerTrigger", spec.files_per_batch).parquet(str(ds.path)))
+    if kafka is not None:
+        value = "event_id LONG, card_id LONG, amount DOUBLE"
+        src = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", kafka[0])
+               .option("subscribe", kafka[1]).option("startingOffsets", "earliest")
+               .option("maxOffsetsPerTrigger", ds.rows_per_file * spec.files_per_batch).load()
+               .select(F.from_json(F.col("value").cast("string"), value).alias("v"),
+                       F.col("timestamp").alias("event_time"))
+               .select("v.*", "event_time"))
+    else:
+        src = (spark.readStream.schema(schema)
+               .option("maxFilesPerTrigger", spec.files_per_batch).parquet(str(ds.path)))
     if spec.query == "q4":
         out = src.filter(F.col("amount") > Q4_THRESHOLD)
     else:
@@ -283,9 +321,12 @@ def _spark_progress(p: dict[str, Any]) -> dict[str, Any]:
 ALIGN = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def run_bytewax(spec: Spec, ds: data.Dataset, workdir: Path) -> dict[str, Any]:
+def run_bytewax(spec: Spec, ds: data.Dataset, workdir: Path,
+                kafka: tuple[str, str] | None = None) -> dict[str, Any]:
     """Bytewax (one worker, ``run_main``): a Parquet-files source yielding one file per
-    input batch, ``key_on`` card, ``fold_window`` with an event-time clock.
+    input batch (with ``kafka``: its ``KafkaSource`` with ``tail=False``, each JSON
+    value parsed, event time = the message timestamp), ``key_on`` card,
+    ``fold_window`` with an event-time clock.
 
     The clock's ``now_getter`` is fixed and ``to_system_utc`` returns None, so
     the watermark only follows event time (max timestamp seen for the key -
@@ -340,7 +381,22 @@ def run_bytewax(spec: Spec, ds: data.Dataset, workdir: Path) -> dict[str, Any]:
             return ListPartition(self.target)
 
     flow = Dataflow(f"compare-{spec.name}")
-    stream = op.input("files", flow, FilesSource())
+    if kafka is not None:
+        import json as jsonlib
+
+        from bytewax.connectors.kafka import KafkaSource, KafkaSourceMessage
+
+        def parse(msg: KafkaSourceMessage[bytes, bytes]) -> tuple[str, datetime, float]:
+            value = jsonlib.loads(msg.value)
+            assert msg.timestamp is not None
+            return (str(value["card_id"]), datetime.fromtimestamp(msg.timestamp[1] / 1000, UTC),
+                    value["amount"])
+
+        messages = op.input("kafka", flow, KafkaSource([kafka[0]], [kafka[1]], tail=False,
+                                                       batch_size=10_000))
+        stream = op.map("parse", messages, parse)
+    else:
+        stream = op.input("files", flow, FilesSource())
     down: list[Any] = []
     meta: list[Any] = []
     late: list[Any] = []
@@ -414,8 +470,8 @@ def run_bytewax(spec: Spec, ds: data.Dataset, workdir: Path) -> dict[str, Any]:
 
 def run_quix(spec: Spec, ds: data.Dataset, workdir: Path, *, bootstrap: str,
              topic: str) -> dict[str, Any]:
-    """Quix Streams over a one-partition Kafka topic holding the same rows in arrival
-    order (key: card id, value: JSON, message timestamp: event time).
+    """Quix Streams over a Kafka topic holding the same rows in arrival order (key: card
+    id, value: JSON, message timestamp: event time): one partition, or Q5's three.
 
     ``closing_strategy="partition"`` (a window closes when the partition's
     max timestamp - grace passes its end; the default, "key", would keep most
@@ -482,14 +538,19 @@ def run_quix(spec: Spec, ds: data.Dataset, workdir: Path, *, bootstrap: str,
 def run(engine: str, spec: Spec, quick: bool, workdir: Path, *, bootstrap: str | None,
         topic: str | None) -> dict[str, Any]:
     ds = spec.dataset(quick)
+    kafka = None
+    if spec.kafka_partitions and engine != "polars-oneshot":
+        if not bootstrap or not topic:
+            raise SystemExit(f"{spec.name} reads Kafka: it needs --bootstrap and --topic")
+        kafka = (bootstrap, topic)
     if engine == "polars-oneshot":
         return run_oneshot(spec, ds, workdir)
     if engine in ("microbatch", "microbatch-noop"):
-        return run_microbatch(spec, ds, workdir, noop=engine.endswith("noop"))
+        return run_microbatch(spec, ds, workdir, noop=engine.endswith("noop"), kafka=kafka)
     if engine in ("spark", "spark-noop"):
-        return run_spark(spec, ds, workdir, noop=engine.endswith("noop"))
+        return run_spark(spec, ds, workdir, noop=engine.endswith("noop"), kafka=kafka)
     if engine == "bytewax":
-        return run_bytewax(spec, ds, workdir)
+        return run_bytewax(spec, ds, workdir, kafka=kafka)
     if engine == "quix":
         if not bootstrap or not topic:
             raise SystemExit("quix needs --bootstrap and --topic")

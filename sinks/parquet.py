@@ -100,6 +100,7 @@ class ParquetSink(Sink):
         self._ctx: SinkContext | None = None
         self._schema: dict[str, pl.DataType] | None = None
         """Columns of the last committed batch with rows: every batch keeps them."""
+        self._schema_cache: tuple[tuple[tuple[str, pl.DataType], ...], str] | None = None
 
     def open(self, ctx: SinkContext) -> None:
         """Check the output mode and that the directory belongs to this query."""
@@ -170,7 +171,7 @@ class ParquetSink(Sink):
             "files": files,
             "partition_by": list(self.partition_by),
             "partitions": _frame_to_text(partitions) if partitions is not None else None,
-            "schema": _frame_to_text(df.clear()),
+            "schema": self._schema_text(df),
         }
         try:
             _write_bytes_atomic(entry, _encode(body))
@@ -189,6 +190,13 @@ class ParquetSink(Sink):
             "compression": self.compression,
             "partition_by": list(self.partition_by),
         }
+
+    def _schema_text(self, df: pl.DataFrame) -> str:
+        """The manifest's encoding of ``df``'s schema, encoded once per schema."""
+        schema = tuple(df.schema.items())
+        if self._schema_cache is None or self._schema_cache[0] != schema:
+            self._schema_cache = (schema, _frame_to_text(df.clear()))
+        return self._schema_cache[1]
 
     def _write_data(
         self, batch_id: int, df: pl.DataFrame

@@ -22,6 +22,8 @@ class BatchLog:
         self.directory = directory
         self.kind = kind
         directory.mkdir(parents=True, exist_ok=True)
+        self._purged_below = 0
+        """Every id below this is known to be gone (this process purged them)."""
 
     def path(self, batch_id: int) -> Path:
         return self.directory / str(batch_id)
@@ -76,11 +78,22 @@ class BatchLog:
             )
 
     def purge_before(self, batch_id: int) -> int:
-        """Delete entries with ids below ``batch_id``; return how many went."""
+        """Delete entries with ids below ``batch_id``; return how many went.
+
+        Lists the directory only when there can be something to delete, so a
+        query purging after every batch pays one unlink, not a listing.
+        """
+        if batch_id <= self._purged_below:
+            return 0
+        if self._purged_below:
+            ids: list[int] = list(range(self._purged_below, batch_id))
+        else:
+            ids = [old for old in self.batch_ids() if old < batch_id]
         removed = 0
-        for old in self.batch_ids():
-            if old >= batch_id:
-                break
-            self.path(old).unlink(missing_ok=True)
-            removed += 1
+        for old in ids:
+            path = self.path(old)
+            if path.exists():
+                path.unlink()
+                removed += 1
+        self._purged_below = batch_id
         return removed

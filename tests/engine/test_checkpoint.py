@@ -48,6 +48,20 @@ def test_batch_log_refuses_overwrite_and_finds_gaps(tmp_path: Path) -> None:
     assert log.batch_ids() == [3]
 
 
+def test_batch_log_purges_each_batch_without_relisting(tmp_path: Path) -> None:
+    """After the first purge, later purges delete exactly the ids below the new bound,
+    and a log reopened by a new process (no memory of purges) still finds old strays."""
+    log = BatchLog(tmp_path / "commits", "commits")
+    for i in range(10):
+        log.add(i, {"batch_id": i})
+        log.purge_before(i - 2)
+        assert log.batch_ids() == list(range(max(0, i - 2), i + 1))
+    assert log.purge_before(5) == 0  # a lower bound than before removes nothing
+    reopened = BatchLog(tmp_path / "commits", "commits")
+    assert reopened.purge_before(9) == 2
+    assert reopened.batch_ids() == [9]
+
+
 @pytest.mark.parametrize(
     ("damage", "match"),
     [
