@@ -240,6 +240,12 @@ class KafkaSource(Source):
         """Per assigned partition: where the consumer's stream continues."""
         self._leftover: dict[Key, list[Any]] = {}
         """Messages fetched past the end of the last read, for the next one."""
+        self._paused: set[Key] = set()
+        """Assigned partitions paused because more than ``_leftover_limit`` of their
+        messages wait in ``_leftover``: librdkafka stops prefetching them (and drops
+        what it prefetched) until a read needs more than is held, so one partition's
+        deep queue does not pile up in memory while a read waits for another's."""
+        self._leftover_limit = max(20_000, 2 * (max_records_per_batch or 100_000))
         self._latest: dict[Key, int] = {}
         self._position: dict[Key, int] = {}
         self.lost_records = 0
@@ -328,6 +334,7 @@ class KafkaSource(Source):
         self._consumer = self._committer = self._admin = None
         self._next.clear()
         self._leftover.clear()
+        self._paused.clear()
 
     def _clients(self) -> tuple[Any, Any]:
         if self._consumer is None or self._admin is None:
@@ -421,6 +428,8 @@ class KafkaSource(Source):
         stale = {k: s for k, (s, _) in ranges.items() if self._next.get(k) != s}
         if stale:
             self._reposition(consumer, stale)
+        self._resume(consumer, [k for k, (_, e) in ranges.items() if k in self._paused
+                                and not self._covers(k, e)])
         read = _RangeRead(self, consumer, ranges)
         for key in ranges:
             read.take(key, self._leftover.pop(key, []))
@@ -439,8 +448,30 @@ class KafkaSource(Source):
             consumer.incremental_unassign(again)
         for key in starts:
             self._leftover.pop(key, None)
+            self._paused.discard(key)
         consumer.incremental_assign([TopicPartition(k[0], k[1], s) for k, s in starts.items()])
         self._next.update(starts)
+
+    def _pause(self, consumer: Any, keys: Sequence[Key]) -> None:
+        """Stop fetching ``keys`` (assigned partitions) until :meth:`_resume`; the consumer
+        continues after the last message it delivered."""
+        from confluent_kafka import TopicPartition
+
+        if keys:
+            consumer.pause([TopicPartition(k[0], k[1]) for k in keys])
+            self._paused.update(keys)
+
+    def _covers(self, key: Key, end: int) -> bool:
+        """Do the messages held for ``key`` reach ``end``?"""
+        held = self._leftover.get(key)
+        return bool(held) and held[-1].offset() >= end - 1
+
+    def _resume(self, consumer: Any, keys: Sequence[Key]) -> None:
+        from confluent_kafka import TopicPartition
+
+        if keys:
+            consumer.resume([TopicPartition(k[0], k[1]) for k in keys])
+            self._paused.difference_update(keys)
 
     def _out_of_range(self, key: Key, at: int, rng: tuple[int, int]) -> int:
         """The consumer's next offset ``at`` of ``key`` is not on the broker.
@@ -724,6 +755,18 @@ class _RangeRead:
             # its messages in the queue, often in the same consume() result
             for m, err in events:
                 self.on_error(m, err)
+            self.pause_complete()
+        self.pause_complete()
+
+    def pause_complete(self) -> None:
+        """Pause the partitions this read needs nothing more of that already hold a
+        batch's worth of messages in memory: bounds the memory while the read waits for
+        a slower partition, without re-fetching in the steady state."""
+        source = self.source
+        limit = source._leftover_limit
+        full = [k for k, held in source._leftover.items()
+                if len(held) > limit and k not in self.pending and k not in source._paused]
+        source._pause(self.consumer, full)
 
     def on_error(self, m: Any, err: Any) -> None:
         """An event from the consumer: end of partition, lost offsets, or a broker error."""
