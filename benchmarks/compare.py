@@ -3,7 +3,8 @@
 
 Runs the same workloads, on the same generated data, on this engine, on
 Spark Structured Streaming (PySpark, ``local[2]``), Bytewax and Quix Streams
-(over a local Kafka broker started with ``scripts/kafka``), and on the one-shot
+(over a local Kafka broker started with ``scripts/kafka``, which also serves
+Q5, where every engine reads one 3-partition topic), and on the one-shot
 Polars computation of the same result (the limit); one engine run per fresh
 process, interleaved, repeated (median of 3 and spread; ``--quick``: 1 run).
 Peak memory is the resident set of the engine's whole process tree (JVM
@@ -11,8 +12,10 @@ included), sampled every 50 ms. Outputs are checked against this engine's
 (:mod:`benchmarks.compare_check`).
 
 Durations on the 2-core machine: ``--quick`` ~35 min (Quix's session windows
-alone time out at 15 min); the full run ~2 h for every workload, ~15 min for
-``q1-small q1-large`` without the per-record peers.
+alone time out, at 10 min); ``--quick --reps 3 --record-reps 1`` ~1 h; the
+full run over 2 h for every workload (Spark and the per-record peers take
+10-20 min per run on Q2 and Q3), ~15 min for ``q1-small q1-large`` without
+the per-record peers.
 
 Writes ``benchmarks/results/compare/<quick|full>/compare.md``, ``compare.json``
 and ``compare.png``. A peer that cannot be installed or run here is skipped
@@ -720,7 +723,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="results directory (default benchmarks/results/compare/<quick|full>)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per engine run before it counts as failed and is not "
-                             "repeated (default 900 quick, 1200 full)")
+                             "repeated (default 600 quick, 1200 full)")
     args = parser.parse_args(argv)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
@@ -734,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     reps = args.reps or (1 if quick else 3)
     # Bytewax and Quix take 10-40 min per run on the full data: once by default.
     record_reps = args.record_reps or (reps if args.reps else 1)
-    timeout = args.timeout or (900.0 if quick else 1200.0)
+    timeout = args.timeout or (600.0 if quick else 1200.0)
     out = args.out or DEFAULT_OUT / ("quick" if quick else "full")
     specs = [WORKLOADS[w] for w in (args.workloads or list(WORKLOADS))]
     engines = [e for e in ENGINES if e in args.engines]
