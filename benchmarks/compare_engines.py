@@ -231,8 +231,7 @@ def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
     if kafka is not None:
         import pyspark
 
-        conf["spark.jars.packages"] = (
-            f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}")
+        conf["spark.jars.packages"] = spark_kafka_package(pyspark.__version__)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -300,6 +299,37 @@ def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
                                  "card_id", "n", "amount")
         result["output_rows"] = _write_result(frame, workdir)
     return result
+
+
+SPARK_KAFKA = "org.apache.spark:spark-sql-kafka-0-10_2.13"
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
+
+
+def spark_kafka_package(spark_version: str) -> str:
+    """The Maven coordinates of Spark's Kafka connector for ``spark_version``: that
+    version's, else the newest earlier patch release of the same minor version on Maven
+    Central (patch releases of one minor line share the connector's API; a new pyspark
+    is often on PyPI before its connector is on Maven Central)."""
+    import urllib.error
+    import urllib.request
+
+    major, minor, patch = (int(x) for x in spark_version.split(".")[:3])
+    group, artifact = SPARK_KAFKA.split(":")
+    for p in range(patch, -1, -1):
+        version = f"{major}.{minor}.{p}"
+        url = (f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/"
+               f"{artifact}-{version}.pom")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
+                                        timeout=20):
+                return f"{SPARK_KAFKA}:{version}"
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise RuntimeError(f"Maven Central answered {exc.code} for {url}") from exc
+        except OSError as exc:
+            raise RuntimeError(f"cannot reach Maven Central for {SPARK_KAFKA}: {exc}") from exc
+    raise RuntimeError(f"no {SPARK_KAFKA} for Spark {major}.{minor}.x on Maven Central "
+                       f"(tried {spark_version} down to {major}.{minor}.0)")
 
 
 def _spark_progress(p: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from microbatch.cli import BatchLines, LiveLine, RunStats, out
+from microbatch.cli_display import BatchLines, LiveLine, RunStats, out
 from microbatch.exceptions import SourceError
 from microbatch.query import StreamingQuery
 from microbatch.sources.base import Offset

@@ -25,16 +25,15 @@ import io
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
 
-from microbatch.checkpoint.files import fsync_dir, read_json, write_json_atomic
-from microbatch.exceptions import CheckpointCorruptError, PlanError, SourceError
+from microbatch.exceptions import PlanError, SourceError
 from microbatch.sources.base import (
     DEAD_LETTER_SCHEMA,
     Source,
@@ -42,6 +41,8 @@ from microbatch.sources.base import (
     SourceContext,
     empty_dead_letters,
 )
+from microbatch.sources.decoding import DECODE_ERRORS, bisect_bad, conform, short_reason
+from microbatch.sources.file_ledger import FileLedger, LedgerFile
 
 FileFormat = Literal["parquet", "json", "csv"]
 
@@ -55,142 +56,7 @@ DEFAULT_GLOBS: dict[str, tuple[str, ...]] = {
 TEMP_SUFFIXES = (".tmp", ".temp", ".crc", ".part", ".partial", ".swp", ".inprogress", "~")
 """Files ending like this are being written by someone and are never admitted."""
 
-LEDGER_KIND = "file-ledger"
 _UTF8_BOM = b"\xef\xbb\xbf"
-_REASON_LIMIT = 300
-_VALUE_LIMIT = 80
-_T = TypeVar("_T")
-# Errors a decoder may raise on bad input. Polars raises PanicException (a
-# BaseException) on some malformed inputs; it must not escape as a crash.
-_DECODE_ERRORS = (pl.exceptions.PolarsError, pl.exceptions.PanicException, ValueError, OSError)
-
-
-# --------------------------------------------------------------------------- ledger
-
-
-@dataclass(frozen=True)
-class LedgerFile:
-    """One admitted file: its position in the log and what it was when admitted."""
-
-    seq: int
-    path: str
-    """Path relative to the source directory, with ``/`` separators."""
-    size: int
-    mtime_ns: int
-
-    def to_json(self) -> dict[str, Any]:
-        """The ledger-entry form of this file."""
-        return {"seq": self.seq, "path": self.path, "size": self.size, "mtime_ns": self.mtime_ns}
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> LedgerFile:
-        """Inverse of :meth:`to_json`."""
-        return cls(int(doc["seq"]), str(doc["path"]), int(doc["size"]), int(doc["mtime_ns"]))
-
-
-class FileLedger:
-    """The append-only list of admitted files, durable under ``directory``.
-
-    Every :meth:`append` writes one entry file ``<first_seq>`` atomically
-    (checksummed, see :mod:`microbatch.checkpoint.files`) before the files
-    become visible, so an offset handed to the engine always refers to files
-    that survive a crash. When there are more than ``compact_threshold``
-    entry files they are rewritten as one entry; the ledger's content never
-    changes. With ``directory=None`` the ledger lives in memory only.
-    """
-
-    compact_threshold: int = 100
-
-    def __init__(self, directory: Path | None) -> None:
-        self.directory = directory
-        self._files: list[LedgerFile] = []
-        self._paths: set[str] = set()
-        self._entries: list[Path] = []
-        if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
-            self._load(directory)
-
-    def __len__(self) -> int:
-        return len(self._files)
-
-    def __contains__(self, path: object) -> bool:
-        return path in self._paths
-
-    def __iter__(self) -> Iterator[LedgerFile]:
-        return iter(self._files)
-
-    def files(self, start: int, end: int) -> list[LedgerFile]:
-        """The files with ``start <= seq < end``."""
-        return self._files[start:end]
-
-    @property
-    def entry_count(self) -> int:
-        """How many entry files the ledger is stored in (0 in memory)."""
-        return len(self._entries)
-
-    def append(self, files: Sequence[tuple[str, int, int]]) -> None:
-        """Admit ``(path, size, mtime_ns)`` files, in the given order, durably."""
-        if not files:
-            return
-        first = len(self._files)
-        added = [LedgerFile(first + i, p, size, mtime) for i, (p, size, mtime) in enumerate(files)]
-        if self.directory is not None:
-            entry = self.directory / f"{first:020d}"
-            body = {"first_seq": first, "files": [f.to_json() for f in added]}
-            write_json_atomic(entry, LEDGER_KIND, body)
-            self._entries.append(entry)
-        self._files.extend(added)
-        self._paths.update(f.path for f in added)
-        if len(self._entries) > self.compact_threshold:
-            self.compact()
-
-    def compact(self) -> None:
-        """Rewrite all entry files as one, then remove the others.
-
-        NOTE: the compacted entry replaces entry ``0`` atomically *before* the
-        others are removed; a crash in between leaves entries fully covered by
-        entry ``0``, which :meth:`_load` recognises, checks and removes.
-        """
-        if self.directory is None or len(self._entries) <= 1:
-            return
-        target = self.directory / f"{0:020d}"
-        body = {"first_seq": 0, "files": [f.to_json() for f in self._files]}
-        write_json_atomic(target, LEDGER_KIND, body)
-        for entry in self._entries:
-            if entry != target:
-                entry.unlink(missing_ok=True)
-        fsync_dir(self.directory)
-        self._entries = [target]
-
-    def _load(self, directory: Path) -> None:
-        found = sorted((int(p.name), p) for p in directory.iterdir() if p.name.isdigit())
-        stale: list[Path] = []
-        for first, entry in found:
-            body = read_json(entry, LEDGER_KIND)
-            files = [LedgerFile.from_json(doc) for doc in body["files"]]
-            if body["first_seq"] != first or [f.seq for f in files] != list(
-                range(first, first + len(files))
-            ):
-                raise CheckpointCorruptError(
-                    f"file ledger entry {entry} does not hold files {first}.. in sequence; "
-                    "restore the source's state directory from a backup or start the "
-                    "query on a new checkpoint"
-                )
-            end = first + len(files)
-            if end <= len(self._files) and files == self._files[first:end]:
-                stale.append(entry)  # left behind by an interrupted compaction
-                continue
-            if first != len(self._files):
-                raise CheckpointCorruptError(
-                    f"file ledger entry {entry} starts at file {first} but the entries before "
-                    f"it hold {len(self._files)} files (an entry is missing or overlaps); "
-                    "restore the source's state directory or start on a new checkpoint"
-                )
-            self._files.extend(files)
-            self._entries.append(entry)
-        self._paths = {f.path for f in self._files}
-        for entry in stale:
-            entry.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- source
@@ -426,15 +292,15 @@ class FileSource(Source):
     def _decode_parquet(self, buf: bytes, where: Path) -> tuple[pl.DataFrame | None, pl.DataFrame]:
         try:
             frame = pl.read_parquet(io.BytesIO(buf))
-        except _DECODE_ERRORS as exc:
+        except DECODE_ERRORS as exc:
             return None, self._file_letter(
                 where,
-                f"cannot read Parquet file ({_short(exc)}); the file is left in place and "
+                f"cannot read Parquet file ({short_reason(exc)}); the file is left in place and "
                 "is not retried: fix or replace it under a new name",
             )
         if self._schema is None:
             return frame, empty_dead_letters()
-        data, reasons = _conform(frame, self._schema)
+        data, reasons = conform(frame, self._schema)
         bad = reasons.is_not_null()
         if not bad.any():
             return data, empty_dead_letters()
@@ -466,10 +332,10 @@ class FileSource(Source):
         whole: pl.DataFrame | None
         try:
             whole = self._parse_whole(buf)
-        except _DECODE_ERRORS:
+        except DECODE_ERRORS:
             whole = None
         if whole is not None:
-            data, reasons = _conform(whole, schema)
+            data, reasons = conform(whole, schema)
             # the CSV reader turns a blank line into a row of nulls
             blank_rows = csv and bool(
                 whole.select(pl.all_horizontal(pl.all().is_null()).any()).item()
@@ -486,7 +352,7 @@ class FileSource(Source):
             )
         else:
             parse = self._parse_csv_chunk if csv else self._parse_json_chunk
-            goods, bads = _bisect(records.count, lambda lo, hi: parse(records, lo, hi))
+            goods, bads = bisect_bad(records.count, lambda lo, hi: parse(records, lo, hi))
         good_rows = (
             np.concatenate([records.nonblank_between(lo, hi) for lo, hi, _ in goods])
             if goods
@@ -494,7 +360,7 @@ class FileSource(Source):
         )
         wire = [frame for _, _, frame in goods if frame.width]
         frame = pl.concat(wire, how="diagonal") if wire else pl.DataFrame()
-        data, reasons = _conform(frame, schema)
+        data, reasons = conform(frame, schema)
         what = "JSON line" if self.format == "json" else "CSV record"
         bad_records = [i for i, _ in bads]
         bad_reasons = [f"invalid {what}: {reason}" for _, reason in bads]
@@ -579,7 +445,7 @@ class FileSource(Source):
         except pl.exceptions.PolarsError as exc:
             raise SourceError(
                 f"files source {self.path}: the Parquet files of one batch have incompatible "
-                f"schemas ({_short(exc)}); pass schema=... to read_files to cast them"
+                f"schemas ({short_reason(exc)}); pass schema=... to read_files to cast them"
             ) from exc
 
     @property
@@ -611,40 +477,6 @@ class FileSource(Source):
 def _is_hidden_or_temp(rel: str) -> bool:
     parts = rel.split("/")
     return any(p.startswith((".", "_")) for p in parts) or rel.endswith(TEMP_SUFFIXES)
-
-
-def _short(exc: BaseException) -> str:
-    """The first line of an error message, bounded (Polars appends long hints)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = lines[0] if lines else type(exc).__name__
-    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
-
-
-def _bisect(
-    count: int, attempt: Callable[[int, int], _T]
-) -> tuple[list[tuple[int, int, _T]], list[tuple[int, str]]]:
-    """Run ``attempt`` on ``[0, count)``; on failure split the range and retry.
-
-    Returns the good ranges with their results, in order, and the single
-    items that fail on their own with the reason. One bulk call when all is
-    well; ``O(bad * log(count))`` calls otherwise.
-    """
-    goods: list[tuple[int, int, _T]] = []
-    bads: list[tuple[int, str]] = []
-    stack = [(0, count)]
-    while stack:
-        lo, hi = stack.pop()
-        if lo >= hi:
-            continue
-        try:
-            goods.append((lo, hi, attempt(lo, hi)))
-        except _DECODE_ERRORS as exc:
-            if hi - lo == 1:
-                bads.append((lo, _short(exc)))
-            else:
-                mid = (lo + hi) // 2
-                stack.extend([(mid, hi), (lo, mid)])
-    return goods, bads
 
 
 @dataclass(frozen=True)
@@ -714,103 +546,3 @@ class _Records:
     def nonblank_between(self, lo: int, hi: int) -> np.ndarray:
         """Indices of the non-blank records in ``[lo, hi)`` (one row each)."""
         return lo + np.flatnonzero(~self.blank[lo:hi])
-
-
-def _conform(frame: pl.DataFrame, schema: pl.Schema) -> tuple[pl.DataFrame, pl.Series]:
-    """Cast ``frame`` to exactly ``schema``.
-
-    Returns the cast frame and, per row, the reason the row does not fit (the
-    first column whose non-null value could not be converted), null when the
-    row is good. Missing columns are null; extra columns are dropped.
-    """
-    columns: list[pl.Series] = []
-    reasons: list[pl.Series] = []
-    for name, dtype in schema.items():
-        if name not in frame.columns:
-            columns.append(pl.Series(name, [None] * frame.height, dtype=dtype))
-            continue
-        source = frame.get_column(name)
-        converted = _convert(source, dtype).alias(name)
-        columns.append(converted)
-        failed = source.is_not_null() & converted.is_null()
-        if failed.any():
-            shown = source.cast(pl.String, strict=False).str.slice(0, _VALUE_LIMIT)
-            text = pl.select(
-                pl.when(pl.lit(failed))
-                .then(
-                    pl.concat_str(
-                        pl.lit(f"column {name!r}: cannot convert "),
-                        pl.lit(shown).fill_null("?"),
-                        pl.lit(f" to {dtype}"),
-                    )
-                )
-                .otherwise(None)
-            ).to_series()
-            reasons.append(text)
-    out = pl.DataFrame(columns) if columns else schema.to_frame()
-    if not reasons:
-        return out, pl.Series("reason", [None] * frame.height, dtype=pl.String)
-    first = pl.select(pl.coalesce([pl.lit(r) for r in reasons])).to_series().alias("reason")
-    return out, first
-
-
-def _convert(series: pl.Series, dtype: pl.DataType) -> pl.Series:
-    """``series`` as ``dtype``; values that do not convert become null."""
-    if series.dtype == dtype:
-        return series
-    if series.dtype != pl.String:
-        converted = series.cast(dtype, strict=False)
-        if series.dtype.is_float() and dtype.is_integer():
-            # a cast truncates 1.5 to 1: such a value does not fit, as "1.5" in JSON
-            lossy = converted.cast(series.dtype) != series
-            converted = converted.zip_with(~lossy.fill_null(False), converted.clear(len(series)))
-        return converted
-    text = series.str.strip_chars()
-    if isinstance(dtype, pl.Datetime):
-        return _parse_datetime(text, dtype)
-    if isinstance(dtype, pl.Date):
-        return text.str.to_date("%Y-%m-%d", strict=False)
-    if isinstance(dtype, pl.Boolean):
-        return text.str.to_lowercase().replace_strict(
-            {"true": True, "false": False}, default=None, return_dtype=pl.Boolean
-        )
-    if dtype.is_nested():
-        return _decode_nested(series, dtype)
-    return text.cast(dtype, strict=False)
-
-
-def _parse_datetime(text: pl.Series, dtype: pl.Datetime) -> pl.Series:
-    """ISO-8601 strings (``T`` or space; with ``Z``/offset, naive, or date only)."""
-    unit = dtype.time_unit or "us"
-    tz = dtype.time_zone
-    iso = text.str.replace(r"^(\d{4}-\d{2}-\d{2}) ", "${1}T")
-    aware = iso.str.to_datetime("%+", time_unit=unit, time_zone="UTC", strict=False)
-    aware = aware.dt.convert_time_zone(tz) if tz else aware.dt.replace_time_zone(None)
-    if aware.null_count() == text.null_count():
-        return aware.alias(text.name)
-    naive = pl.select(
-        pl.coalesce(
-            pl.lit(iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", time_unit=unit, strict=False)),
-            pl.lit(iso.str.to_datetime("%Y-%m-%d", time_unit=unit, strict=False)),
-        )
-    ).to_series()
-    if tz:
-        naive = naive.dt.replace_time_zone(tz, ambiguous="earliest", non_existent="null")
-    return pl.select(pl.coalesce(pl.lit(aware), pl.lit(naive))).to_series().alias(text.name)
-
-
-def _decode_nested(series: pl.Series, dtype: pl.DataType) -> pl.Series:
-    """JSON text into a nested type; values that do not decode become null."""
-    goods, _ = _bisect(len(series), lambda lo, hi: series[lo:hi].str.json_decode(dtype))
-    if not goods:
-        return pl.Series(series.name, [None] * len(series), dtype=dtype)
-    parts: list[pl.Series] = []
-    index = 0
-    for lo, hi, decoded in goods:
-        if lo > index:
-            parts.append(pl.Series(series.name, [None] * (lo - index), dtype=dtype))
-        parts.append(decoded.cast(dtype))
-        index = hi
-    if index < len(series):
-        parts.append(pl.Series(series.name, [None] * (len(series) - index), dtype=dtype))
-    return pl.concat(parts)

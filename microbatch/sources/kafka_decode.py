@@ -7,7 +7,7 @@ One batch's values are parsed in **one** Polars call on the good path:
   (strict: any value of the wrong JSON type fails the whole call), then, if
   that fails, with every column as text. Either way the columns are then
   converted to the schema by the same rules as the file source
-  (:func:`microbatch.sources.files._conform`: ISO-8601 strings to datetimes,
+  (:func:`microbatch.sources.decoding.conform`: ISO-8601 strings to datetimes,
   ``"true"``/``"false"``, JSON text to nested types), so a value decodes the
   same whichever path read it.
 - ``csv``: the values are CSV records without a header, in schema order,
@@ -31,7 +31,7 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
-from microbatch.sources.files import _DECODE_ERRORS, _bisect, _conform
+from microbatch.sources.decoding import DECODE_ERRORS, bisect_bad, conform
 
 ValueFormat = Literal["json", "raw", "csv"]
 
@@ -88,13 +88,13 @@ def decode_values(
     parse = _JsonParser(schema) if format == "json" else _CsvParser(schema)
     whole = parse.whole(buf, len(raw))
     if whole is not None:
-        data, reasons = _conform(_fast_datetimes(whole, schema), schema)
+        data, reasons = conform(_fast_datetimes(whole, schema), schema)
         ok = reasons.is_null().to_numpy()
         if not ok.all():
             bad.extend(zip(index[~ok].tolist(), reasons.filter(~ok).to_list(), strict=True))
             data = data.filter(pl.Series(ok))
         return Decoded(data, index[ok], sorted(bad))
-    goods, bads = _bisect(len(raw), lambda lo, hi: parse.chunk(raw[lo:hi]))
+    goods, bads = bisect_bad(len(raw), lambda lo, hi: parse.chunk(raw[lo:hi]))
     what = "JSON value" if format == "json" else "CSV record"
     bad.extend((int(index[i]), f"invalid {what}: {reason}") for i, reason in bads)
     good_pos = (
@@ -103,7 +103,7 @@ def decode_values(
     )
     frames = [frame for _, _, frame in goods if frame.height]
     text = pl.concat(frames, how="vertical") if frames else parse.text_schema.to_frame()
-    data, reasons = _conform(text, schema)
+    data, reasons = conform(text, schema)
     ok = reasons.is_null().to_numpy()
     if not ok.all():
         bad.extend(
@@ -147,7 +147,7 @@ class _JsonParser:
         for wire in (self.fast_schema, self.text_schema):
             try:
                 frame = pl.read_ndjson(io.BytesIO(buf), schema=wire)
-            except _DECODE_ERRORS:
+            except DECODE_ERRORS:
                 continue
             if frame.height == n:
                 return frame
@@ -189,7 +189,7 @@ class _CsvParser:
         """All ``n`` records (joined in ``buf``) in one call, or ``None`` when one is bad."""
         try:
             return self._read(buf, n)
-        except _DECODE_ERRORS:
+        except DECODE_ERRORS:
             return None
 
     def chunk(self, raw: list[bytes]) -> pl.DataFrame:

@@ -35,7 +35,7 @@ def test_quickstart_notebook_executes(tmp_path: Path, monkeypatch: pytest.Monkey
     from nbclient import NotebookClient
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, kernel_name="python3", timeout=180,
+    NotebookClient(nb, kernel_name="python3", timeout=180, startup_timeout=180,
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
 
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]

@@ -17,7 +17,7 @@ import pytest
 from obs_helpers import CLI, EVENT_SCHEMA, run_cli, windowed_counts
 
 import microbatch as mb
-from microbatch.cli import BatchLines, LiveLine, RunStats
+from microbatch.cli_display import BatchLines, LiveLine, RunStats
 from microbatch.status import status_document
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from microbatch.exceptions import PlanError, SourceError
 from microbatch.sources.base import DEAD_LETTER_SCHEMA, SourceContext
-from microbatch.sources.files import FileLedger, FileSource
+from microbatch.sources.file_ledger import FileLedger
+from microbatch.sources.files import FileSource
 
 SCHEMA = {"id": pl.Int64, "name": pl.String}
 
