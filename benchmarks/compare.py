@@ -569,6 +569,15 @@ def render(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool, *,
         "reads the same 3-partition topic (JSON values; event time = message timestamp); "
         "its one-shot limit is Q1's, over the Parquet files.",
         "",
+        "## At a glance", "",
+        "Events/s with the sink that writes the result (median of the runs); the full "
+        "table, checks and profiles follow.", "",
+        *summary_matrix({s.name: {e: {"skipped": c.skipped,
+                                      "runs": [{k: r[k] for k in ("input_rows", "wall_s",
+                                                                  "peak_tree_rss_mb")}
+                                               for r in c.runs]}
+                                  for e, c in table[s.name].items()} for s in specs}, quick),
+        "", "## Every engine and sink", "",
         "| workload | rows/batch | engine | sink | events/s | vs microbatch | vs one-shot "
         "| peak RSS (tree) | output check | notes |",
         "|---|---:|---|---|---:|---:|---:|---:|---|---|",
@@ -635,6 +644,13 @@ def render(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool, *,
         if spark and spark.runs and spark.runs[0].get("progress"):
             lines += spark_profile(f"{spec.name}, Spark", spark.runs[0])
     return "\n".join(lines)
+
+
+def summary_matrix(cells: dict[str, dict[str, Any]], quick: bool) -> list[str]:
+    """The at-a-glance matrix (:mod:`benchmarks.compare_summary`) of these cells."""
+    from benchmarks.compare_summary import matrix, titles
+
+    return matrix({"cells": cells}, titles(quick))
 
 
 def spark_profile(title: str, run: dict[str, Any]) -> list[str]:

@@ -54,6 +54,8 @@ class Spec:
     files_per_batch: int
     tiny: bool = False
     title: str = ""
+    short: str = ""
+    """The title in a few words, for the summary matrix."""
     kafka_partitions: int = 0
     """> 0: the engines read the rows from a Kafka topic of that many partitions
     (key = card id, partition = card id mod partitions, message timestamp = event
@@ -71,15 +73,21 @@ class Spec:
 
 
 WORKLOADS = {
-    "q1-small": Spec("q1-small", "q1", 1, title="Q1 tumbling 1 min, count+sum per card"),
-    "q1-large": Spec("q1-large", "q1", 10, title="Q1 tumbling 1 min, count+sum per card"),
-    "q2": Spec("q2", "q2", 1, title="Q2 hopping 5 min / 1 min, count+sum per card"),
-    "q3": Spec("q3", "q3", 1, title="Q3 session windows, 30 s gap, count+sum per card"),
+    "q1-small": Spec("q1-small", "q1", 1, title="Q1 tumbling 1 min, count+sum per card",
+                     short="Q1 tumbling 1 min"),
+    "q1-large": Spec("q1-large", "q1", 10, title="Q1 tumbling 1 min, count+sum per card",
+                     short="Q1 tumbling 1 min"),
+    "q2": Spec("q2", "q2", 1, title="Q2 hopping 5 min / 1 min, count+sum per card",
+               short="Q2 hopping 5 min / 1 min"),
+    "q3": Spec("q3", "q3", 1, title="Q3 session windows, 30 s gap, count+sum per card",
+               short="Q3 sessions, 30 s gap"),
     "q4": Spec("q4", "q4", 1, tiny=True,
-               title="Q4 tiny batches: filter amount > 20 → sink, 1 file per batch"),
+               title="Q4 tiny batches: filter amount > 20 → sink, 1 file per batch",
+               short="Q4 tiny batches, filter → sink"),
     "q5": Spec("q5", "q1", 1, kafka_partitions=3,
                title="Q5 Q1 over Kafka: the same rows from a 3-partition topic (JSON values), "
-                     "tumbling 1 min count+sum per card"),
+                     "tumbling 1 min count+sum per card",
+               short="Q5 Q1 from a 3-partition Kafka topic"),
 }
 """Small batches are one input file (100k rows; 50k with --quick), large ten; Q5
 reads as many records per batch from Kafka."""
