@@ -759,9 +759,10 @@ class _RangeRead:
         self.pause_complete()
 
     def pause_complete(self) -> None:
-        """Pause the partitions this read needs nothing more of that already hold a
-        batch's worth of messages in memory: bounds the memory while the read waits for
-        a slower partition, without re-fetching in the steady state."""
+        """Pause the partitions this read needs nothing more of that hold more than
+        ``_leftover_limit`` (two batches) of messages for later reads: bounds the
+        memory while the read waits for a slower partition, without re-fetching in the
+        steady state, where a partition is paused rarely."""
         source = self.source
         limit = source._leftover_limit
         full = [k for k, held in source._leftover.items()
