@@ -62,7 +62,9 @@ def test_delta_sink_survives_kills_around_its_commit(tmp_path: Path) -> None:
 
 
 def test_random_kills(tmp_path: Path) -> None:
-    spec = JobSpec(rows=600_000, cap=4_000, window="30s")
+    # Enough work (~450 batches) that a kill up to 2.5 s after the start still
+    # lands before the job has processed everything, on a fast machine too.
+    spec = JobSpec(rows=1_800_000, cap=4_000, window="30s")
     run = soak(spec, tmp_path, kills=4, seed=13, named=[], sigterms=0)
 
     assert_exact(run)
