@@ -131,14 +131,12 @@ def check_against_all(ours: pl.DataFrame, all_rows: pl.DataFrame, final_wm: int,
     verdict = (f"{same.height - value_diff.height:,} windows equal the one-shot's; "
                f"{short.height + missing.height:,} short by {deficit:,} rows, "
                f"{'= ' if deficit == late_rows else '≠ '}{late_rows:,} counted late")
-    if not ok:
-        verdict = (f"DIFF: {verdict}; value diffs {value_diff.height:,}, more rows than "
-                   f"one-shot {over.height:,}, windows not in one-shot {extra.height:,}")
-    detail = []
-    if not ok:
-        detail = ["```", str(pl.concat([value_diff, over, extra], how="diagonal_relaxed")
-                             .sort(KEYS).head(8)), "```"]
-    return verdict, detail
+    if ok:
+        return verdict, []
+    verdict = (f"DIFF: {verdict}; value diffs {value_diff.height:,}, more rows than "
+               f"one-shot {over.height:,}, windows not in one-shot {extra.height:,}")
+    sample = pl.concat([value_diff, over, extra], how="diagonal_relaxed").sort(KEYS).head(8)
+    return verdict, ["```", str(sample), "```"]
 
 
 def compare_rows(ours: pl.DataFrame, peer: pl.DataFrame) -> tuple[str, dict[str, int]]:

@@ -65,7 +65,11 @@ class Spec:
         return data.tiny(quick) if self.tiny else data.events(quick)
 
     def rows_per_batch(self, quick: bool) -> int:
-        return self.dataset(quick).rows_per_file * self.files_per_batch
+        return self.batch_rows(self.dataset(quick))
+
+    def batch_rows(self, ds: data.Dataset) -> int:
+        """Rows (Q5: Kafka records) per batch over ``ds``."""
+        return ds.rows_per_file * self.files_per_batch
 
     @property
     def windowed(self) -> bool:
@@ -151,7 +155,7 @@ def run_microbatch(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
 
     if kafka is not None:
         src = (mb.read_kafka(kafka[1], bootstrap=kafka[0], schema=KAFKA_VALUE_SCHEMA,
-                             max_records_per_batch=ds.rows_per_file * spec.files_per_batch,
+                             max_records_per_batch=spec.batch_rows(ds),
                              metadata_columns=("timestamp",))
                .rename({"timestamp": "event_time"}))
     else:
@@ -254,7 +258,7 @@ def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
         value = "event_id LONG, card_id LONG, amount DOUBLE"
         src = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", kafka[0])
                .option("subscribe", kafka[1]).option("startingOffsets", "earliest")
-               .option("maxOffsetsPerTrigger", ds.rows_per_file * spec.files_per_batch).load()
+               .option("maxOffsetsPerTrigger", spec.batch_rows(ds)).load()
                .select(F.from_json(F.col("value").cast("string"), value).alias("v"),
                        F.col("timestamp").alias("event_time"))
                .select("v.*", "event_time"))
@@ -577,9 +581,10 @@ def run(engine: str, spec: Spec, quick: bool, workdir: Path, *, bootstrap: str |
         topic: str | None) -> dict[str, Any]:
     ds = spec.dataset(quick)
     kafka = None
-    if spec.kafka_partitions and engine != "polars-oneshot":
+    if engine == "quix" or (spec.kafka_partitions and engine != "polars-oneshot"):
         if not bootstrap or not topic:
-            raise SystemExit(f"{spec.name} reads Kafka: it needs --bootstrap and --topic")
+            raise SystemExit(f"{engine} on {spec.name} reads Kafka: it needs --bootstrap "
+                             "and --topic")
         kafka = (bootstrap, topic)
     if engine == "polars-oneshot":
         return run_oneshot(spec, ds, workdir)
@@ -590,9 +595,8 @@ def run(engine: str, spec: Spec, quick: bool, workdir: Path, *, bootstrap: str |
     if engine == "bytewax":
         return run_bytewax(spec, ds, workdir, kafka=kafka)
     if engine == "quix":
-        if not bootstrap or not topic:
-            raise SystemExit("quix needs --bootstrap and --topic")
-        return run_quix(spec, ds, workdir, bootstrap=bootstrap, topic=topic)
+        assert kafka is not None
+        return run_quix(spec, ds, workdir, bootstrap=kafka[0], topic=kafka[1])
     raise SystemExit(f"unknown engine {engine!r}")
 
 
