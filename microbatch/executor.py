@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 
 from microbatch.exceptions import PlanError
+from microbatch.frames import collect
 from microbatch.operators.base import OperatorContext, StatefulOperator, check_operator_set
 from microbatch.operators.join_state import BinaryOperator
 from microbatch.operators.window_agg import WindowAggregate
@@ -115,7 +116,7 @@ class BatchExecutor:
 
     def execute(self, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext) -> pl.DataFrame:
         """The result rows of this batch, given each source's rows by id."""
-        out = self._lazy(self.plan, inputs, ctx).collect()
+        out = collect(self._lazy(self.plan, inputs, ctx))
         return (
             out.select(pl.exclude(HIDDEN))
             if any(c.startswith("__mb_") for c in out.columns)
@@ -130,15 +131,15 @@ class BatchExecutor:
         if isinstance(node, StepNode):
             return node.step.apply(self._lazy(node.child, inputs, ctx))
         if isinstance(node, WatermarkNode):
-            df = self._lazy(node.child, inputs, ctx).collect()
+            df = collect(self._lazy(node.child, inputs, ctx))
             self.tracker.observe(self._wm_ids[id(node)], df, ctx.timestamp_ms)
             return df.lazy()
         if isinstance(node, AggregateNode | DedupeNode):
-            df = self._lazy(node.child, inputs, ctx).collect()
+            df = collect(self._lazy(node.child, inputs, ctx))
             df = df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
             return self._ops[id(node)].process(df, ctx).lazy()
         if isinstance(node, StaticJoinNode):
-            df = self._lazy(node.child, inputs, ctx).collect()
+            df = collect(self._lazy(node.child, inputs, ctx))
             return self._ops[id(node)].process(df, ctx).lazy()
         if isinstance(node, IntervalJoinNode | AsOfJoinNode | WindowJoinNode):
             left, right = (self._visible(child, inputs, ctx) for child in node.children)
@@ -153,7 +154,7 @@ class BatchExecutor:
         self, node: PlanNode, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext
     ) -> pl.DataFrame:
         """A join input's rows of this batch without the engine's hidden columns."""
-        df = self._lazy(node, inputs, ctx).collect()
+        df = collect(self._lazy(node, inputs, ctx))
         return df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
 
     def commit(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from microbatch.aggregates import AggSpec
+from microbatch.frames import collect
 from microbatch.joins import AsOfJoinSpec, IntervalJoinSpec, StaticJoinSpec, WindowJoinSpec
 from microbatch.sources.base import Source
 from microbatch.watermark import WatermarkSpec
@@ -105,7 +106,7 @@ def map_batches_step(fn: Callable[[pl.DataFrame], pl.DataFrame]) -> Step:
     """The escape hatch: ``fn`` sees each batch as one whole ``DataFrame``."""
 
     def apply(lf: pl.LazyFrame) -> pl.LazyFrame:
-        out = fn(lf.collect())
+        out = fn(collect(lf))
         if not isinstance(out, pl.DataFrame):
             raise TypeError(
                 f"map_batches function {_short(fn)} returned {type(out).__name__}; "

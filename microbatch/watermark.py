@@ -22,6 +22,7 @@ import polars as pl
 
 from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError
+from microbatch.frames import collect
 
 PARTITION_COLUMN = "__mb_partition"
 """Hidden column carrying a row's source partition up to the watermark node."""
@@ -100,7 +101,7 @@ class WatermarkTracker:
         rows = df.lazy().select(part.alias("p"), ts.alias("t")).drop_nulls("t")
         if spec.max_future_skew_ms is not None:
             rows = rows.filter(pl.col("t") <= batch_timestamp_ms + spec.max_future_skew_ms)
-        maxima = rows.group_by("p").agg(pl.col("t").max()).collect()
+        maxima = collect(rows.group_by("p").agg(pl.col("t").max()))
         seen = self.partitions[node_id]
         for p, t in maxima.iter_rows():  # one row per partition, not per record
             entry = seen.setdefault(str(p), {"max": int(t), "seen": batch_timestamp_ms})

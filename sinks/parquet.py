@@ -317,7 +317,7 @@ def read_parquet_output(path: str | os.PathLike[str]) -> pl.DataFrame:
         pl.scan_parquet(files, hive_partitioning=False, glob=False, include_file_paths=_FILE_COL)
         .join(mapping.lazy(), on=_FILE_COL, how="left", maintain_order="left")
         .select(list(schema))
-        .collect()
+        .collect(engine="in-memory")  # the engine's choice everywhere: see microbatch.frames
     )
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from microbatch.aggregates import TIME, AggSpec
+from microbatch.frames import collect
 from microbatch.operators.base import (
     OperatorContext,
     StatefulOperator,
@@ -190,9 +191,9 @@ class SessionAggregate(StatefulOperator):
             kept.lazy()
             .with_columns(pl.col(TIME).alias(S))
             .group_by([*self.keys, S], maintain_order=True)
-            .agg([e for a in self.aggs for e in a.partials()])
+            .agg([e for a in self.aggs for e in a.partials(df.schema)])
             .with_columns((pl.col(S) + gap).alias(E))
-            .collect()
+            .pipe(collect)
         )
 
     def _merge(self, events: pl.DataFrame) -> pl.DataFrame:
@@ -232,7 +233,7 @@ class SessionAggregate(StatefulOperator):
             .agg(pl.col(S).min(), pl.col(E).max(), *merges)
             .drop("__sid")
             .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(self.keys).alias(SLOT))
-            .collect()
+            .pipe(collect)
         )
         counts = sessions.group_by(self.keys, maintain_order=True).agg(
             pl.len().cast(pl.Int64).alias("__m"), pl.col(E).max().alias(MAX_END)

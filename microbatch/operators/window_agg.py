@@ -33,6 +33,7 @@ import polars as pl
 from microbatch.aggregates import TIME, AggSpec
 from microbatch.checkpoint.files import read_json, write_json_atomic
 from microbatch.exceptions import PlanError
+from microbatch.frames import collect
 from microbatch.operators.base import (
     LATE_REASON,
     OperatorContext,
@@ -181,8 +182,8 @@ class WindowAggregate(SingleStoreOperator):
                     ctx.late_rows.append(late)
             partials = (
                 lf.group_by(self._state_keys(), maintain_order=True)
-                .agg([e for a in self.aggs for e in a.partials()])
-                .collect()
+                .agg([e for a in self.aggs for e in a.partials(df.schema)])
+                .pipe(collect)
             )
             merged = self._merge(store, partials)
             store.upsert(merged, keys_from_lookup=True)
@@ -223,7 +224,7 @@ class WindowAggregate(SingleStoreOperator):
                     pl.lit(wm + spec.allowed_lateness_ms),
                 )
             )
-        marked = with_t.with_columns(late_expr.alias("__late")).collect()
+        marked = collect(with_t.with_columns(late_expr.alias("__late")))
         late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
         live = assign_windows(
             marked.lazy().filter(pl.col(TIME).is_not_null()).drop("__late"), spec, TIME
