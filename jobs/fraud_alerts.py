@@ -44,10 +44,11 @@ SCHEMA = {
     "event_id": pl.Int64,
     "card_id": pl.Int64,
     "merchant": pl.String,
-    "amount": pl.Float64,
+    "amount": pl.Decimal(18, 2),
     "event_time": pl.Datetime("ms", "UTC"),
 }
-"""A card transaction as it is on the topic (JSON)."""
+"""A card transaction as it is on the topic (JSON). ``amount`` is money: decoded
+from the JSON text as an exact decimal, so alert totals are exact sums."""
 MIN_TRANSACTIONS = 3
 WINDOW = "1m"
 WATERMARK_DELAY = "30s"

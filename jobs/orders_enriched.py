@@ -83,7 +83,7 @@ def sample_prices(rows: int, products: int, seed: int = 8) -> pl.DataFrame:
     return base.select(
         "product_id",
         valid_from=(pl.lit(START) + pl.duration(milliseconds="ms")).dt.cast_time_unit("ms"),
-        price=pl.Series(np.round(rng.uniform(1, 100, base.height), 2)),
+        price=pl.Series(np.round(rng.uniform(1, 100, base.height), 2)).cast(pl.Decimal(18, 2)),
     )
 
 

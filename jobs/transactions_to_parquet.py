@@ -23,7 +23,7 @@ SCHEMA = {
     "event_id": pl.Int64,
     "card_id": pl.Int64,
     "merchant": pl.String,
-    "amount": pl.Float64,
+    "amount": pl.Decimal(18, 2),  # money: exact cents
     "event_time": pl.Datetime("ms", "UTC"),
 }
 """The schema of a card transaction as it lands."""

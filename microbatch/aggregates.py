@@ -47,8 +47,9 @@ class AggSpec:
             return [f"{base}_t", f"{base}_v"]
         return [base]
 
-    def partials(self) -> list[pl.Expr]:
-        """Expressions computing this aggregate's partials inside a group_by."""
+    def partials(self, schema: pl.Schema) -> list[pl.Expr]:
+        """Expressions computing this aggregate's partials inside a group_by
+        over rows of ``schema``."""
         names = self.partial_names()
         col = pl.col(self.column) if self.column else None
         match self.kind:
@@ -63,8 +64,10 @@ class AggSpec:
             case "max":
                 return [col.max().alias(names[0])]
             case "mean":
+                # Decimal sums are exact (order-independent); others sum as Float64
+                exact = isinstance(schema.get(self.column or ""), pl.Decimal)
                 return [
-                    col.cast(pl.Float64).sum().alias(names[0]),
+                    (col.sum() if exact else col.cast(pl.Float64).sum()).alias(names[0]),
                     col.count().cast(pl.Int64).alias(names[1]),
                 ]
             case "first":
@@ -107,7 +110,7 @@ class AggSpec:
         """The user's output column from the merged partials."""
         names = self.partial_names()
         if self.kind == "mean":
-            return (pl.col(names[0]) / pl.col(names[1])).alias(self.output)
+            return (pl.col(names[0]).cast(pl.Float64) / pl.col(names[1])).alias(self.output)
         if self.kind in {"first", "last"}:
             return pl.col(names[1]).alias(self.output)
         return pl.col(names[0]).alias(self.output)
@@ -115,7 +118,7 @@ class AggSpec:
     def partial_dtypes(self, schema: pl.Schema) -> dict[str, pl.DataType]:
         """Types of the partial columns for an input ``schema``."""
         frame = schema.to_frame().with_columns(pl.lit(0, pl.Int64).alias(TIME))
-        return dict(frame.select(self.partials()).schema)
+        return dict(frame.select(self.partials(schema)).schema)
 
 
 def _column_of(node: Any) -> str | None:

@@ -26,6 +26,9 @@ DEFAULT_OUTPUT = "demo-output/alerts"
 DEFAULT_ROWS_PER_SECOND = 5_000.0
 MIN_PAYMENTS = 3
 """A card with at least this many payments in one window of event time alerts."""
+MONEY = pl.Decimal(18, 2)
+"""Amounts are money: exact decimal cents, so totals are exact and the same in
+every replay and every batch split."""
 WINDOW = "10s"
 """The demo's window: short, so alerts show up within seconds of starting (the
 fraud job in ``jobs/`` uses the real one-minute rule)."""
@@ -52,7 +55,8 @@ def transactions(*, rows_per_second: float, seed: int = 0) -> mb.Stream:
 def pipeline(tx: mb.Stream) -> mb.Stream:
     """Cards with ``MIN_PAYMENTS`` or more payments inside one window of event time."""
     return (
-        tx.with_watermark("event_time", "5s")
+        tx.with_columns(pl.col("amount").cast(MONEY))
+        .with_watermark("event_time", "5s")
         .group_by(mb.window("event_time", WINDOW), "card_id")
         .agg(pl.len().alias("payments"), pl.col("amount").sum().alias("total_amount"))
         .filter(pl.col("payments") >= MIN_PAYMENTS)

@@ -117,7 +117,18 @@ def convert(series: pl.Series, dtype: pl.DataType) -> pl.Series:
         )
     if dtype.is_nested():
         return decode_nested(series, dtype)
+    if isinstance(dtype, pl.Decimal):
+        return parse_decimal(text, dtype)
     return text.cast(dtype, strict=False)
+
+
+def parse_decimal(text: pl.Series, dtype: pl.Decimal) -> pl.Series:
+    """Decimal text exactly; a value with more (non-zero) fractional digits than
+    the scale does not fit (a cast would drop them: ``"12.345"`` -> ``12.34``)."""
+    converted = text.cast(dtype, strict=False)
+    digits = text.str.extract(r"^[+-]?\d*\.(\d*?)0*$").str.len_chars()
+    lossy = (digits > (dtype.scale or 0)).fill_null(False)
+    return converted.zip_with(~lossy, converted.clear(len(text)))
 
 
 def parse_datetime(text: pl.Series, dtype: pl.Datetime) -> pl.Series:

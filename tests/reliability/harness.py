@@ -57,6 +57,8 @@ Delta sink skips them for batches without rows."""
 EVENTS_PER_FILE = 500
 BAD_LINES_PER_FILE = 2
 GEN_START = "2026-01-01T00:00:00+00:00"
+MONEY = pl.Decimal(18, 2)
+"""The job's amounts (``reliability_job.MONEY``): exact sums for every batch split."""
 
 
 @dataclass(frozen=True)
@@ -441,7 +443,7 @@ def input_rows(spec: JobSpec) -> pl.DataFrame:
         records = [r for index in range(spec.files) for r in file_records(spec, index)]
         return pl.DataFrame(records).select(
             pl.col("event_id").cast(pl.Int64), pl.col("card_id").cast(pl.Int64),
-            pl.col("amount").cast(pl.Float64),
+            pl.col("amount").cast(pl.Float64).cast(MONEY),
             pl.col("event_time").str.to_datetime("%+", time_unit="ms", time_zone="UTC"),
             pl.lit(0, pl.Int64).alias("__p"),
         )
@@ -451,18 +453,18 @@ def input_rows(spec: JobSpec) -> pl.DataFrame:
     start = source.initial_offset()
     rows = source.read(start, source.latest_offset(start, capped=False)).data
     return rows.select(
-        "event_id", "card_id", "amount", "event_time",
+        "event_id", "card_id", pl.col("amount").cast(MONEY), "event_time",
         (pl.col("event_id") % spec.partitions).cast(pl.Int64).alias("__p"),
     )
 
 
 def expected_output(spec: JobSpec, rows: pl.DataFrame) -> pl.DataFrame:
     """The one-shot Polars result: every window (or session) that the final
-    watermark closes, with ``n`` and ``total`` (integer cents), sorted by key."""
+    watermark closes, with ``n`` and ``total`` (exact decimal sums), sorted by key."""
     delay = parse_duration_ms(spec.delay)
     t = pl.col("event_time").dt.epoch("ms")
     final_wm = rows.group_by("__p").agg(t.max()).get_column("event_time").min() - delay
-    cents = (pl.col("amount") * 100).round().cast(pl.Int64)
+    total = pl.col("amount").sum()
     if spec.agg == "session":
         gap = parse_duration_ms(spec.gap)
         keyed = (
@@ -472,14 +474,14 @@ def expected_output(spec: JobSpec, rows: pl.DataFrame) -> pl.DataFrame:
                           .fill_null(True).cum_sum().over("card_id").alias("__sid"))
             .group_by("card_id", "__sid")
             .agg(pl.col("__t").min().alias("ws"), (pl.col("__t").max() + gap).alias("we"),
-                 pl.len().alias("n"), cents.sum().alias("total"))
+                 pl.len().alias("n"), total.alias("total"))
         )
     else:
         size = parse_duration_ms(spec.window)
         keyed = (
             rows.with_columns((t // size * size).alias("ws"))
             .group_by("ws", "card_id")
-            .agg(pl.len().alias("n"), cents.sum().alias("total"))
+            .agg(pl.len().alias("n"), total.alias("total"))
             .with_columns((pl.col("ws") + size).alias("we"))
         )
     return normalize(
@@ -494,7 +496,7 @@ def expected_output(spec: JobSpec, rows: pl.DataFrame) -> pl.DataFrame:
 def normalize(frame: pl.DataFrame) -> pl.DataFrame:
     """Comparable columns: naive-UTC millisecond window bounds, Int64 counts, sorted."""
     schema = {"window_start": pl.Datetime("ms"), "window_end": pl.Datetime("ms"),
-              "card_id": pl.Int64, "n": pl.Int64, "total": pl.Int64}
+              "card_id": pl.Int64, "n": pl.Int64, "total": pl.Decimal(38, 2)}
     if frame.width == 0:
         return pl.DataFrame(schema=schema)
     exprs = []

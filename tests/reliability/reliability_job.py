@@ -4,7 +4,7 @@ A windowed aggregation with state, end to end::
 
     generator or JSON-lines files -> with_watermark("event_time", delay)
         -> group_by(window(event_time, W) | session_window(event_time, gap), card_id)
-        -> agg(n = len(), total = sum(amount in integer cents))
+        -> agg(n = len(), total = sum(amount as Decimal(18, 2)))
         -> Parquet manifest sink or Delta sink; late rows -> Parquet side output
 
 Params (all strings): ``output`` (required); ``source`` (``generator`` |
@@ -49,10 +49,11 @@ START = "2026-01-01T00:00:00+00:00"
 SCHEMA = {
     "event_id": pl.Int64,
     "card_id": pl.Int64,
-    "amount": pl.Float64,
+    "amount": pl.Decimal(18, 2),
     "event_time": pl.Datetime("ms", "UTC"),
 }
 """Columns of the JSON-lines input of the ``files`` source."""
+MONEY = pl.Decimal(18, 2)
 
 
 def build(params: dict[str, str]) -> mb.DataStreamWriter:
@@ -77,12 +78,12 @@ def build(params: dict[str, str]) -> mb.DataStreamWriter:
         by: Any = mb.session_window("event_time", gap=params.get("gap", "30s"))
     else:
         by = mb.window("event_time", params.get("window", "1m"))
-    # integer cents: sums are exact whatever the batch split (float sums are not)
-    stream = stream.with_columns((pl.col("amount") * 100).round().cast(pl.Int64).alias("cents"))
+    # money as decimal: sums are exact whatever the batch split (float sums are not)
+    stream = stream.with_columns(pl.col("amount").cast(MONEY))
     result = (
         stream.with_watermark("event_time", params.get("delay", "10s"))
         .group_by(by, "card_id")
-        .agg(pl.len().alias("n"), pl.col("cents").sum().alias("total"))
+        .agg(pl.len().alias("n"), pl.col("amount").sum().alias("total"))
         .on_late(ParquetSink(params["output"] + "-late"))
     )
     if params.get("sink", "parquet") == "delta":
