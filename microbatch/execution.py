@@ -15,6 +15,8 @@ Recovery (:meth:`MicroBatchExecution.recover`)::
 
     last = latest entry of offsets/
     if there is none:                 start every source at its initial offset
+    elif an earlier offsets/ entry
+         has no commits/ entry:       refuse (files deleted by hand; nothing runs)
     elif commits/ has last:           next batch = last + 1, from last's ends
     else:                             re-run batch `last` with its recorded
                                       ranges and watermark (steps 3..7); the
@@ -102,6 +104,12 @@ class _Span:
     def __exit__(self, *exc: object) -> None:
         elapsed = (time.perf_counter() - self.t0) * 1000
         self.durations[self.name] = round(self.durations.get(self.name, 0.0) + elapsed, 3)
+
+
+def _id_list(ids: list[int], limit: int = 10) -> str:
+    """``[7, 8, 9]``, or the first ``limit`` ids and how many more."""
+    shown = ", ".join(map(str, ids[:limit]))
+    return f"[{shown}]" if len(ids) <= limit else f"[{shown}, ... {len(ids) - limit} more]"
 
 
 def next_tick(started: float, interval_ms: int) -> float:
@@ -245,6 +253,17 @@ class MicroBatchExecution:
             return
         batch_id, entry = last
         self._check_compatible(batch_id, entry)
+        uncommitted = sorted(set(offsets.batch_ids()) - set(commits.batch_ids()) - {batch_id})
+        if uncommitted:
+            # NOTE: only the last batch may lack its commit (the rule above); re-running
+            # it alone would leave these unaccounted for, so nothing runs
+            raise CheckpointCorruptError(
+                f"{commits.directory} is missing entries for batches {_id_list(uncommitted)} "
+                f"although {offsets.directory} has them and later batches; files were deleted "
+                "by hand. Only the last batch may be uncommitted. Restore the missing commit "
+                "files from a backup, or start the job on a new checkpoint directory and "
+                "backfill what it should hold."
+            )
         ranges = {sid: (r["start"], r["end"]) for sid, r in entry["sources"].items()}
         last_commit = commits.latest()
         if last_commit is not None and last_commit[0] > batch_id:
