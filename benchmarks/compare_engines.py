@@ -192,7 +192,7 @@ def run_microbatch(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
         "files_per_batch": spec.files_per_batch,
     }
     if not noop:
-        out = mb.read_parquet_output(workdir / "out")
+        out = mb.parquet_table(workdir / "out")
         if spec.query == "q4":
             out = out.select("event_id", "amount")
         else:

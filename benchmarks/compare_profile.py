@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import microbatch as mb
     from benchmarks import data
-    from microbatch.execution import MicroBatchExecution
+    from microbatch.engine.execution import MicroBatchExecution
     from microbatch.sources.generator import GENERATOR_SCHEMA
 
     spec = WORKLOADS[args.workload]

@@ -163,7 +163,7 @@ def check(case: WindowCase, ds: data.Dataset, run: dict[str, Any]) -> tuple[str,
     if final_wm is None:
         return "no watermark reported", []
     expected = expected_lf.filter(pl.col("we") <= final_wm).collect()
-    engine = mb.read_parquet_output(run["output"]).select(
+    engine = mb.parquet_table(run["output"]).select(
         pl.col("window_start").dt.epoch("ms").alias("ws"),
         pl.col("window_end").dt.epoch("ms").alias("we"),
         "card_id", "n", "amount",

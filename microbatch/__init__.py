@@ -8,9 +8,14 @@
 
 from __future__ import annotations
 
+from microbatch import _compat
 from microbatch.api import (
+    DataStreamWriter,
     MemoryStream,
+    Stream,
+    StreamingQuery,
     generate,
+    parquet_table,
     read_delta,
     read_files,
     read_kafka,
@@ -31,11 +36,10 @@ from microbatch.exceptions import (
     SourceError,
     TriggerError,
 )
-from microbatch.query import StreamingQuery
-from microbatch.stream import Stream
-from microbatch.triggers import AvailableNow, Once, ProcessingTime
-from microbatch.windows import session_window, window
-from microbatch.writer import DataStreamWriter
+from microbatch.plan.triggers import AvailableNow, Once, ProcessingTime
+from microbatch.plan.windows import session_window, window
+
+_compat.install()
 
 __version__ = "0.1.0"
 
@@ -60,6 +64,7 @@ __all__ = [
     "TriggerError",
     "__version__",
     "generate",
+    "parquet_table",
     "read_delta",
     "read_files",
     "read_kafka",

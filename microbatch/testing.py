@@ -31,13 +31,13 @@ from typing import Any, Self
 
 import polars as pl
 
-from microbatch.api import MemoryStream, read_memory
+from microbatch.api.readers import MemoryStream, read_memory
+from microbatch.api.stream import Stream
+from microbatch.api.writer import output_keys, validate_aggregations
 from microbatch.checkpoint import Checkpoint
-from microbatch.execution import MicroBatchExecution
-from microbatch.executor import validate_joins
-from microbatch.stream import Stream
-from microbatch.triggers import ProcessingTime
-from microbatch.writer import output_keys, validate_aggregations
+from microbatch.engine.execution import MicroBatchExecution
+from microbatch.engine.executor import validate_joins
+from microbatch.plan.triggers import ProcessingTime
 from sinks.base import OutputMode, Sink
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)

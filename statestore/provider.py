@@ -21,6 +21,7 @@ commit is O(state) on average, and a rebuild reads at most ~2x the state.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -109,16 +110,15 @@ class StateStoreProvider:
             raise StateStoreError(f"load({version!r}): the version must be an int >= 0")
         started = time.perf_counter()
         store = self._store
-        reusable = store is not None and store._closed is None and not store._staged
-        if store is not None and reusable and store.version == version:
-            store._begin_batch((time.perf_counter() - started) * 1000)
+        if store is not None and store.holds_committed(version):
+            store.begin_batch((time.perf_counter() - started) * 1000)
             return store
         if store is not None:
-            store._close(f"provider.load({version}) replaced it")
+            store.close(f"provider.load({version}) replaced it")
             self._store = None
         store = self._rebuild(version)
         self._store = store
-        store._begin_batch((time.perf_counter() - started) * 1000)
+        store.begin_batch((time.perf_counter() - started) * 1000)
         return store
 
     def _rebuild(self, version: int) -> StateStore:
@@ -136,11 +136,11 @@ class StateStoreProvider:
         store = StateStore(
             self, self.schema, version, hash_bits=self._hash_bits, expected_rows=frame.height
         )
-        store._load_rows(frame)
+        store.load_rows(frame)
         del frame
         for v in chain.changelogs:
             path = files.path("changelog", v)
-            store._apply_changelog(read_arrow(path, kind="changelog", version=v, schema=schema))
+            store.apply_changelog(read_arrow(path, kind="changelog", version=v, schema=schema))
         if files.latest() > version:
             files.discard_after(version)
         self._snapshot_bytes = files.size("snapshot", chain.snapshot) if chain.snapshot else 0
@@ -148,11 +148,17 @@ class StateStoreProvider:
         self._chain_length = len(chain.changelogs)
         return store
 
-    def _write_version(
-        self, store: StateStore, version: int, changelog: pl.DataFrame
+    def write_version(
+        self,
+        owner: object,
+        version: int,
+        changelog: pl.DataFrame,
+        snapshot: Callable[[], pl.DataFrame],
     ) -> tuple[int, bool]:
-        """Write ``version``'s files; return (changelog bytes, snapshot written)."""
-        if store is not self._store:
+        """Write ``version``'s files; return (changelog bytes, snapshot written).
+
+        Called by ``owner.commit()`` (see :mod:`statestore.contract`)."""
+        if owner is not self._store:
             raise StateStoreError(
                 f"cannot commit version {version}: this store is no longer the provider's "
                 "current one; call provider.load(version) again"
@@ -168,20 +174,21 @@ class StateStoreProvider:
         self._since_snapshot += written
         self._chain_length += 1
         threshold = max(self._snapshot_bytes, self._min_snapshot_bytes)
-        snapshot = self._chain_length >= self._max_chain or self._since_snapshot >= threshold
-        if snapshot:
+        due = self._chain_length >= self._max_chain or self._since_snapshot >= threshold
+        if due:
             self._snapshot_bytes = write_arrow(
                 files.path("snapshot", version),
-                store.to_frame(),
+                snapshot(),
                 kind="snapshot",
                 version=version,
                 compression=self._compression,
             )
             self._since_snapshot = self._chain_length = 0
         files.purge(version, self.retention_versions)
-        return written, snapshot
+        return written, due
 
-    def _forget(self, store: StateStore) -> None:
-        """Drop the in-memory copy after an abort or failed commit."""
-        if self._store is store:
+    def release(self, owner: object) -> None:
+        """Drop the in-memory copy after an abort or failed commit (called by
+        ``owner``; see :mod:`statestore.contract`)."""
+        if self._store is owner:
             self._store = None

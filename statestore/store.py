@@ -9,19 +9,17 @@ the whole state, and they say so.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import polars as pl
 
+from statestore.contract import VersionKeeper
 from statestore.exceptions import StateStoreError
 from statestore.hashindex import HashIndex, KeyEqual
 from statestore.rows import RowStore, unique_slots
 from statestore.schema import FOUND_COLUMN, OP_COLUMN, Parts, StateSchema
 from statestore.timeindex import TimeIndex
-
-if TYPE_CHECKING:
-    from statestore.provider import StateStoreProvider
 
 _ROW = "__statestore_row"
 OP_UPSERT = 0
@@ -46,7 +44,7 @@ class StateStore:
 
     def __init__(
         self,
-        provider: StateStoreProvider,
+        provider: VersionKeeper,
         schema: StateSchema,
         version: int,
         *,
@@ -197,12 +195,12 @@ class StateStore:
         started = time.perf_counter()
         version = self._version + 1
         try:
-            changelog_bytes, snapshot = self._provider._write_version(
-                self, version, self._changelog()
+            changelog_bytes, snapshot = self._provider.write_version(
+                self, version, self._changelog(), self.to_frame
             )
         except BaseException as exc:
-            self._close(f"its commit of version {version} failed ({exc!r})")
-            self._provider._forget(self)
+            self.close(f"its commit of version {version} failed ({exc!r})")
+            self._provider.release(self)
             if isinstance(exc, OSError):
                 raise StateStoreError(
                     f"commit of state version {version} in {self._provider.directory} failed: "
@@ -223,8 +221,8 @@ class StateStore:
     def abort(self) -> None:
         """Discard staged changes and close this store; ``provider.load`` rebuilds from disk."""
         if self._closed is None:
-            self._close("it was aborted")
-            self._provider._forget(self)
+            self.close("it was aborted")
+            self._provider.release(self)
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -267,8 +265,14 @@ class StateStore:
             "time_index_merged": self._time.merged if self._time is not None else 0,
         }
 
-    def _begin_batch(self, load_ms: float) -> None:
-        """Reset per-batch metrics (called by the provider on each load)."""
+    # ------------------------------------------- called by the provider only
+
+    def holds_committed(self, version: int) -> bool:
+        """True when this store is exactly committed ``version``: open, nothing staged."""
+        return self._closed is None and not self._staged and self._version == version
+
+    def begin_batch(self, load_ms: float) -> None:
+        """Reset per-batch metrics (the provider, on each load)."""
         self._baseline = self._counters()
         self._upserted = self._removed = 0
         self._last.update(load_ms=load_ms, commit_ms=0.0, changelog_bytes=0, snapshot_written=False)
@@ -280,7 +284,8 @@ class StateStore:
                 f"{self._closed}; call provider.load(version) for a fresh one"
             )
 
-    def _close(self, reason: str) -> None:
+    def close(self, reason: str) -> None:
+        """Make every later call fail, saying ``reason`` (a newer load replaced it)."""
         self._closed = reason
 
     def _sort_keys(self) -> list[str]:
@@ -467,12 +472,12 @@ class StateStore:
             return pl.DataFrame(schema=empty)
         return pl.concat(frames)
 
-    def _apply_changelog(self, frame: pl.DataFrame) -> None:
+    def apply_changelog(self, frame: pl.DataFrame) -> None:
         """Replay one committed changelog (during a rebuild from disk)."""
         op = pl.col(OP_COLUMN)
         self._delete(frame.filter(op == OP_DELETE).select(self._schema.key_names), track=False)
         self._upsert(frame.filter(op == OP_UPSERT).drop(OP_COLUMN), track=False)
 
-    def _load_rows(self, frame: pl.DataFrame) -> None:
+    def load_rows(self, frame: pl.DataFrame) -> None:
         """Bulk-load a snapshot's rows (keys known unique) into an empty store."""
         self._upsert(frame, track=False)

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from microbatch.joins import AsOfJoinSpec, output_columns
 from microbatch.operators.base import OperatorContext, check_signature
 from microbatch.operators.join_state import (
     BinaryOperator,
@@ -45,6 +44,7 @@ from microbatch.operators.join_state import (
     require_same_key_types,
     split_late,
 )
+from microbatch.plan.joins import AsOfJoinSpec, output_columns
 
 if TYPE_CHECKING:
     from statestore import StateStore, StateStoreProvider

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from microbatch.aggregates import AggSpec
 from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.engine.watermark import event_time_ms
 from microbatch.exceptions import CheckpointError, IncompatibleCheckpointError, PlanError
-from microbatch.watermark import event_time_ms
+from microbatch.plan.aggregates import AggSpec
 
 if TYPE_CHECKING:
     from statestore import StateStore
@@ -94,6 +94,11 @@ class StatefulOperator(ABC):
     def has_expirable_state(self, watermark_ms: int | None) -> bool:
         """True when a batch at ``watermark_ms`` would emit or evict something."""
         return False
+
+    def eviction(self, *, has_watermark: bool) -> str:
+        """``"watermark"`` when the state shrinks as the watermark passes, ``"none"``
+        when it only grows (what ``microbatch status`` warns about)."""
+        return "watermark" if has_watermark else "none"
 
     def metrics(self) -> dict[str, Any]:
         """State metrics of the last batch (rows, bytes, commit time...)."""

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from microbatch.aggregates import TIME
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import (
     OperatorContext,
@@ -26,6 +25,7 @@ from microbatch.operators.base import (
     split_late_by_time,
 )
 from microbatch.operators.window_agg import _read_schema, _write_schema
+from microbatch.plan.aggregates import TIME
 
 if TYPE_CHECKING:
     from statestore import StateStore, StateStoreProvider

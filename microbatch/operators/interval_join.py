@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from microbatch.joins import IntervalJoinSpec, output_columns
 from microbatch.operators.base import OperatorContext, check_signature
 from microbatch.operators.join_state import (
     BinaryOperator,
@@ -49,6 +48,7 @@ from microbatch.operators.join_state import (
     require_same_key_types,
     split_late,
 )
+from microbatch.plan.joins import IntervalJoinSpec, output_columns
 
 if TYPE_CHECKING:
     from statestore import StateStore, StateStoreProvider

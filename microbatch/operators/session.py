@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from microbatch.aggregates import TIME, AggSpec
 from microbatch.frames import collect
 from microbatch.operators.base import (
     OperatorContext,
@@ -42,7 +41,8 @@ from microbatch.operators.base import (
     split_late_by_time,
 )
 from microbatch.operators.window_agg import _ms_to, _read_schema, _write_schema
-from microbatch.windows import SessionWindowSpec
+from microbatch.plan.aggregates import TIME, AggSpec
+from microbatch.plan.windows import SessionWindowSpec
 from sinks.base import OutputMode
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ S, E, SLOT, N, MAX_END = "__s", "__e", "__slot", "__n", "__max_end"
 class SessionAggregate(StatefulOperator):
     """Session windows per key, merged across batches, emitted when closed."""
 
-    is_aggregation = True
 
     def __init__(
         self,
@@ -153,6 +152,10 @@ class SessionAggregate(StatefulOperator):
             if store is not None:
                 store.abort()
         self.sessions = self.index = None
+
+    def eviction(self, *, has_watermark: bool) -> str:
+        """``complete`` mode keeps every session forever."""
+        return "watermark" if has_watermark and self.output_mode != "complete" else "none"
 
     def has_expirable_state(self, watermark_ms: int | None) -> bool:
         return self.output_mode != "complete"

@@ -22,10 +22,10 @@ import polars as pl
 
 from microbatch.checkpoint.files import read_json, write_json_atomic
 from microbatch.exceptions import PlanError, SourceError
-from microbatch.joins import StaticJoinSpec, StaticTable
 from microbatch.operators.base import OperatorContext, StatefulOperator, check_signature
+from microbatch.plan.joins import StaticJoinSpec, StaticTable
 
-log = logging.getLogger("microbatch.joins")
+log = logging.getLogger("microbatch.plan.joins")
 
 KEEP_RECORDS = 100
 """Batches whose Delta version stays recorded (a re-run is at most the last one)."""

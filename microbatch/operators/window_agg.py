@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from microbatch.aggregates import TIME, AggSpec
 from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.engine.watermark import event_time_ms
 from microbatch.exceptions import PlanError
 from microbatch.frames import collect
 from microbatch.operators.base import (
@@ -41,8 +41,8 @@ from microbatch.operators.base import (
     check_input_types,
     check_signature,
 )
-from microbatch.watermark import event_time_ms
-from microbatch.windows import WindowSpec, assign_windows
+from microbatch.plan.aggregates import TIME, AggSpec
+from microbatch.plan.windows import WindowSpec, assign_windows
 from sinks.base import OutputMode
 
 if TYPE_CHECKING:
@@ -56,7 +56,6 @@ REV = "__rev"
 class WindowAggregate(SingleStoreOperator):
     """``group_by([window], *keys).agg(...)`` with state in a versioned store."""
 
-    is_aggregation = True
 
     def __init__(
         self,
@@ -159,6 +158,12 @@ class WindowAggregate(SingleStoreOperator):
             keys=self.keys,
             aggs=self.aggs,
         )
+
+    def eviction(self, *, has_watermark: bool) -> str:
+        """A plain ``group_by`` and ``complete`` mode keep every key forever."""
+        if not has_watermark or self.window is None or self.output_mode == "complete":
+            return "none"
+        return "watermark"
 
     def has_expirable_state(self, watermark_ms: int | None) -> bool:
         return self.window is not None and self.output_mode != "complete"

@@ -141,7 +141,7 @@ class Source(ABC):
         it must be cheap, safe against that, and must not touch the network or
         the disk. A value is either a record count or a :class:`PartitionLag`.
         ``None`` (the default) means the source cannot tell; the engine then
-        asks :mod:`microbatch.source_lag`, which knows the built-in sources.
+        asks :mod:`microbatch.observability.source_lag`, which knows the built-in sources.
         """
         return None
 

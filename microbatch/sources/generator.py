@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from microbatch.durations import format_duration_ms, parse_duration_ms
 from microbatch.exceptions import PlanError, SourceError
+from microbatch.plan.durations import format_duration_ms, parse_duration_ms
 from microbatch.sources.base import Source, SourceBatch
 
 CHUNK_ROWS = 65_536

@@ -52,8 +52,8 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import polars as pl
 
-from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError, SourceError
+from microbatch.plan.durations import parse_duration_ms
 from microbatch.sources.base import (
     DEAD_LETTER_SCHEMA,
     Source,

@@ -102,14 +102,14 @@ def test_run_available_now_writes_exactly_the_one_shot_result(tmp_path: Path) ->
     assert first.returncode == 0, first.stderr
     assert "Traceback" not in first.stderr
     assert len(batch_lines(first.stderr)) == ROWS // BATCH  # one plain line per batch
-    got = mb.read_parquet_output(out).sort("event_id")
+    got = mb.parquet_table(out).sort("event_id")
     assert_frame_equal(got.select(expected_rows().columns), expected_rows())
 
     again = run_generated(chk, out)
 
     assert again.returncode == 0, again.stderr
     assert batch_lines(again.stderr) == []  # no batch ran
-    assert mb.read_parquet_output(out).height == got.height
+    assert mb.parquet_table(out).height == got.height
 
     table = cli("status", chk, cwd=tmp_path)
     assert table.returncode == 0, table.stderr
@@ -255,7 +255,7 @@ def test_demo_runs_for_the_given_seconds_and_writes_alerts(tmp_path: Path) -> No
     assert written["alert_id"].n_unique() == written.height
     assert (written["window_end"] - written["window_start"]).unique().to_list() == [
         timedelta(seconds=10)]
-    assert mb.read_parquet_output(f"{out}-late").height > 0  # late payments kept aside
+    assert mb.parquet_table(f"{out}-late").height > 0  # late payments kept aside
     summary = " ".join(result.stdout.split())
     assert "pl.read_delta" in summary
     assert str(out.resolve()) in summary
@@ -303,7 +303,7 @@ def test_a_second_signal_exits_at_once_with_130(tmp_path: Path) -> None:
 def test_job_file_problems_are_job_errors(
     tmp_path: Path, source: str, fragments: list[str]
 ) -> None:
-    from microbatch.jobfile import build_writer
+    from microbatch.cli.jobfile import build_writer
 
     job = tmp_path / "job.py"
     job.write_text(source)
@@ -316,7 +316,7 @@ def test_job_file_problems_are_job_errors(
 
 
 def test_the_demo_and_example_jobs_build_writers(tmp_path: Path) -> None:
-    from microbatch.jobfile import build_writer
+    from microbatch.cli.jobfile import build_writer
 
     demo = build_writer(REPO / "microbatch" / "demo.py", {"output": str(tmp_path / "d")})
     files = build_writer(REPO / "jobs" / "transactions_to_parquet.py",

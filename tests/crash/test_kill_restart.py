@@ -62,7 +62,7 @@ def expected() -> pl.DataFrame:
 
 
 def assert_exact(out: Path) -> None:
-    got = mb.read_parquet_output(out)
+    got = mb.parquet_table(out)
     want = expected()
     dupes = got.height - got["event_id"].n_unique()
     assert dupes == 0, f"{dupes} rows written twice"

@@ -139,7 +139,7 @@ def test_backfill_job_errors_are_clear(tmp_path: Path) -> None:
 
 
 def test_diff_frames_float_tolerance_and_multisets() -> None:
-    from microbatch.table_diff import diff_frames
+    from microbatch.tools.diff import diff_frames
 
     a = pl.DataFrame({"k": [1, 2, None], "x": [0.1 + 0.2, float("nan"), 1.0]})
     b = pl.DataFrame({"k": [1, 2, None], "x": [0.3, float("nan"), 1.0]})

@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from polars.testing import assert_frame_equal
 
 import microbatch as mb
-from microbatch.faults import InjectedFault
+from microbatch.engine.faults import InjectedFault
 from sinks.base import SinkContext
 from sinks.delta import DeltaSink
 
@@ -53,7 +53,7 @@ def test_append_sink_on_s3_survives_a_crash_after_the_commit(
     back = (mb.read_delta(uri, storage_options=options, max_files_per_batch=7)
             .write_parquet(out).start(tmp_path / "chk2", trigger="available-now"))
     assert back.await_termination(60)
-    assert_frame_equal(mb.read_parquet_output(out).sort("event_id"), got, check_column_order=False)
+    assert_frame_equal(mb.parquet_table(out).sort("event_id"), got, check_column_order=False)
 
 
 def test_source_on_s3_picks_up_new_versions(s3_server: S3Server, tmp_path: Path,

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from polars.testing import assert_frame_equal
 
 import microbatch as mb
-from microbatch.faults import InjectedFault
+from microbatch.engine.faults import InjectedFault
 from microbatch.sources.generator import GeneratorSource
 from sinks.base import SinkContext
 from sinks.delta import DeltaSink

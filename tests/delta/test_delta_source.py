@@ -12,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 from polars.testing import assert_frame_equal
 
 import microbatch as mb
-from microbatch.faults import InjectedFault
+from microbatch.engine.faults import InjectedFault
 from microbatch.sources.base import SourceContext
 from microbatch.sources.delta import DeltaSource
 
@@ -24,7 +24,7 @@ def replay(path: Path | str, chk: Path, **options) -> pl.DataFrame:
     out = chk.parent / f"{chk.name}-out"
     query = mb.read_delta(path, **options).write_parquet(out).start(chk, trigger="available-now")
     assert query.await_termination(60)
-    return mb.read_parquet_output(out)
+    return mb.parquet_table(out)
 
 
 def opened(path: Path, **options) -> DeltaSource:
@@ -104,13 +104,13 @@ def test_a_version_rewriting_data_stops_the_query(tmp_path: Path, change: str) -
     assert f"version 2 ({operation})" in str(error)
     assert "ignore_changes=True" in str(error)
     # everything before the rewrite was processed, nothing after it
-    assert sorted(mb.read_parquet_output(out)["event_id"].to_list()) == list(range(80))
+    assert sorted(mb.parquet_table(out)["event_id"].to_list()) == list(range(80))
 
     # the failed batch is recorded: the same checkpoint goes on with ignore_changes
     query = (mb.read_delta(path, ignore_changes=True).write_parquet(out)
              .start(chk, trigger="available-now"))
     assert query.await_termination(60)
-    rows = mb.read_parquet_output(out)
+    rows = mb.parquet_table(out)
     rewritten = sum(f.rows or 0 for f in DeltaSource(path).log_commit(2).files)
     assert rewritten == {"delete": 30, "overwrite": 5, "merge": 40}[change]
     assert rows.height == 80 + rewritten + 10
@@ -144,7 +144,7 @@ def test_restart_midway_resumes_exactly(tmp_path: Path, monkeypatch: pytest.Monk
         assert isinstance(query.exception, InjectedFault)
     monkeypatch.delenv("MICROBATCH_FAULT")
     assert start().await_termination(60)
-    got = mb.read_parquet_output(out)
+    got = mb.parquet_table(out)
     assert sorted(got["event_id"].to_list()) == list(range(200))
 
 

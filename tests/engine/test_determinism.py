@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from microbatch.execution import MicroBatchExecution
+from microbatch.engine.execution import MicroBatchExecution
 from microbatch.frames import collect
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 import microbatch as mb
-from microbatch.faults import InjectedFault
+from microbatch.engine.faults import InjectedFault
 from microbatch.sources.generator import GeneratorSource
 
 PARAMS = {
@@ -67,7 +67,7 @@ def test_injected_failure_then_restart_is_exactly_once(
     monkeypatch.delenv("MICROBATCH_FAULT")
     query = writer(out).start(chk, trigger="available-now")
     assert query.await_termination(60)
-    got = mb.read_parquet_output(out).sort("event_id")
+    got = mb.parquet_table(out).sort("event_id")
     assert got.equals(expected_rows())
     committed = sorted(int(p.name) for p in (chk / "commits").iterdir())
     assert committed == list(range(7))
@@ -97,4 +97,4 @@ def test_recovered_batch_reuses_recorded_range(
     assert first["batch_id"] == 0
     assert first["recovered"] is True
     assert first["input_rows"] == 3_000
-    assert mb.read_parquet_output(out).sort("event_id").equals(expected_rows())
+    assert mb.parquet_table(out).sort("event_id").equals(expected_rows())

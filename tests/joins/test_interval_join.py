@@ -32,7 +32,7 @@ from join_helpers import (
 )
 
 import microbatch as mb
-from microbatch.faults import InjectedFault
+from microbatch.engine.faults import InjectedFault
 from microbatch.testing import JoinStreamTest
 
 rows = st.lists(

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 import microbatch as mb
-from microbatch.jobfile import build_writer
+from microbatch.cli.jobfile import build_writer
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "orders_enriched.py"
@@ -43,7 +43,7 @@ def test_orders_enriched_job_equals_join_asof(tmp_path: Path) -> None:
     writer = build_writer(JOB, params)
     query = writer.start(checkpoint=tmp_path / "chk", trigger="available-now")
     query.await_termination()
-    got = mb.read_parquet_output(tmp_path / "out")
+    got = mb.parquet_table(tmp_path / "out")
     watermark = query.last_progress["watermark_ms"]
     late = sum(p["late_rows"] for p in query.recent_progress)
     assert late == 0  # disorder (20 s) stays within the orders' delay (30 s)
@@ -111,7 +111,7 @@ def test_orders_enriched_job_on_delta_tables_via_cli(tmp_path: Path) -> None:
         capture_output=True,
         cwd=ROOT,
     )
-    got = mb.read_parquet_output(out)
+    got = mb.parquet_table(out)
     assert got.height > 1_500
     assert got["price"].null_count() == 0
     assert got["order_id"].is_unique().all()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from join_helpers import assert_same_rows
 
 import microbatch as mb
-from microbatch.faults import InjectedFault
+from microbatch.engine.faults import InjectedFault
 from microbatch.testing import StreamTest
 
 SCHEMA = {"id": pl.Int64, "k": pl.Int64, "x": pl.Int64}

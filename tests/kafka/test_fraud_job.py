@@ -126,7 +126,7 @@ def test_fraud_alerts_match_the_one_shot_rule_and_late_rows_go_to_the_side_outpu
 
     import microbatch as mb
 
-    late_out = mb.read_parquet_output(tmp_path / "alerts-late")
+    late_out = mb.parquet_table(tmp_path / "alerts-late")
     assert late_out.height == len(late_ids)
     assert set(late_out["event_id"].to_list()) == late_ids
 
@@ -140,7 +140,7 @@ def test_fraud_alerts_match_the_one_shot_rule_and_late_rows_go_to_the_side_outpu
     replay = {**params, "output": str(tmp_path / "replay"), "table_format": "parquet",
               "alerts_topic": new_topic(1)}
     run_job(fraud, replay, tmp_path / "chk-replay")
-    again = mb.read_parquet_output(tmp_path / "replay")
+    again = mb.parquet_table(tmp_path / "replay")
     columns = ["alert_id", "window_start", "card_id", "transactions", "total_amount",
                "max_amount"]
     assert again.select(columns).sort("alert_id").equals(

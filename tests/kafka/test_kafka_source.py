@@ -221,7 +221,7 @@ def test_malformed_values_go_to_dead_letters_and_good_ones_are_kept(
     q.await_termination(60)
     got = mb.table(table_name)
     assert sorted(got["event_id"].to_list()) == sorted(set(range(200)) - set(bad_offsets))
-    dead = mb.read_parquet_output(chk / "dead_letter").sort("location")
+    dead = mb.parquet_table(chk / "dead_letter").sort("location")
     assert dead.height == len(bad_offsets)
     where = {int(loc.rsplit("@", 1)[1]): reason
              for loc, reason in zip(dead["location"], dead["reason"], strict=True)}
@@ -277,7 +277,7 @@ def test_kill9_mid_run_then_restart_gives_identical_output(
            "--param", f"output={out}", "--param", "max_records_per_batch=400"]
     kills = run_with_kills(cmd, chk, tmp_path / "stderr.log", random.Random(5), kills=4)
     assert kills == 4
-    got = mb.read_parquet_output(out)
+    got = mb.parquet_table(out)
     want = sorted(r["event_id"] for r in rows if r["amount"] >= 20)
     assert got.height == len(want), f"{got.height - len(want)} rows too many/few"
     assert sorted(got["event_id"].to_list()) == want

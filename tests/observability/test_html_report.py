@@ -13,7 +13,7 @@ import polars as pl
 from obs_helpers import report_checkpoint, run_cli
 
 import microbatch as mb
-from microbatch.report import PLOTS, write_report
+from microbatch.observability.report import PLOTS, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -20,10 +20,10 @@ import pytest
 from obs_helpers import EVENT_SCHEMA, ms, windowed_counts
 
 import microbatch as mb
+from microbatch.api.stream import stream_of
+from microbatch.observability.status import alarms
 from microbatch.sources.base import PartitionLag
 from microbatch.sources.memory import MemorySource
-from microbatch.status import alarms
-from microbatch.stream import stream_of
 
 STEPS = {"plan", "write_ahead", "read", "execute", "sink", "commit", "total"}
 
@@ -190,14 +190,14 @@ def test_trigger_interval_and_falling_behind(chk: Path, name: Callable[[], str])
 
 def test_one_json_log_line_per_batch(chk: Path, name: Callable[[], str],
                                      caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="microbatch.progress")
+    caplog.set_level(logging.INFO, logger="microbatch.observability.progress")
     src = mb.read_memory(schema={"x": pl.Int64}, max_records_per_batch=2)
     src.add({"x": [1, 2, 3]})
 
     query = src.write_memory(name()).start(chk, trigger="available-now")
     query.await_termination(30)
 
-    lines = [r for r in caplog.records if r.name == "microbatch.progress"]
+    lines = [r for r in caplog.records if r.name == "microbatch.observability.progress"]
     assert len(lines) == 2
     for line, record in zip(lines, query.recent_progress, strict=True):
         assert "\n" not in line.getMessage()

@@ -17,7 +17,7 @@ import pytest
 from obs_helpers import report_checkpoint
 from PIL import Image, ImageStat
 
-from microbatch.report import PLOTS, write_report
+from microbatch.observability.report import PLOTS, write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = (

@@ -17,8 +17,8 @@ import pytest
 from obs_helpers import CLI, EVENT_SCHEMA, run_cli, windowed_counts
 
 import microbatch as mb
-from microbatch.cli_display import BatchLines, LiveLine, RunStats
-from microbatch.status import status_document
+from microbatch.cli.display import BatchLines, LiveLine, RunStats
+from microbatch.observability.status import status_document
 
 
 @pytest.fixture

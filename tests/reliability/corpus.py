@@ -34,7 +34,7 @@ from typing import Any, Literal
 import polars as pl
 
 import microbatch as mb
-from microbatch.durations import parse_duration_ms
+from microbatch.plan.durations import parse_duration_ms
 from sinks.parquet import ParquetSink
 
 Format = Literal["json", "csv", "parquet"]
@@ -458,7 +458,7 @@ def run_case(case: Case, work: Path) -> CaseResult:
 
 
 def _read(directory: Path) -> pl.DataFrame:
-    return mb.read_parquet_output(directory) if directory.is_dir() else pl.DataFrame()
+    return mb.parquet_table(directory) if directory.is_dir() else pl.DataFrame()
 
 
 def _same_records(got: pl.DataFrame, want: pl.DataFrame) -> bool:

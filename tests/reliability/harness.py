@@ -39,8 +39,8 @@ from typing import Literal
 import polars as pl
 
 import microbatch as mb
-from microbatch.durations import parse_duration_ms
-from microbatch.faults import POINTS
+from microbatch.engine.faults import POINTS
+from microbatch.plan.durations import parse_duration_ms
 from microbatch.sources.generator import GeneratorSource
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -520,7 +520,7 @@ def read_output(spec: JobSpec, out: Path) -> pl.DataFrame:
         if not (out / "_delta_log").is_dir():
             return normalize(pl.DataFrame())
         return normalize(pl.read_delta(str(out)))
-    return normalize(mb.read_parquet_output(out)) if out.is_dir() else normalize(pl.DataFrame())
+    return normalize(mb.parquet_table(out)) if out.is_dir() else normalize(pl.DataFrame())
 
 
 def verify(spec: JobSpec, work: Path) -> Verdict:
@@ -536,7 +536,7 @@ def verify(spec: JobSpec, work: Path) -> Verdict:
     ).height
     late_dir = work / "out-late"
     dead_dir = work / "chk" / "dead_letter"
-    dead = mb.read_parquet_output(dead_dir) if dead_dir.is_dir() else pl.DataFrame()
+    dead = mb.parquet_table(dead_dir) if dead_dir.is_dir() else pl.DataFrame()
     return Verdict(
         records_in=rows.height,
         records_out=int(got.get_column("n").sum() or 0),
@@ -547,7 +547,7 @@ def verify(spec: JobSpec, work: Path) -> Verdict:
         missing=want.join(got, on=KEYS, how="anti").height,
         extra=got.join(want, on=KEYS, how="anti").height,
         wrong_values=wrong,
-        late_rows=mb.read_parquet_output(late_dir).height if late_dir.is_dir() else 0,
+        late_rows=mb.parquet_table(late_dir).height if late_dir.is_dir() else 0,
         dead_letters=dead.height,
         dead_letters_expected=BAD_LINES_PER_FILE * spec.files if spec.source == "files" else 0,
         dead_letter_duplicates=dead.height - dead["location"].n_unique() if dead.height else 0,

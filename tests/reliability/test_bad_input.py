@@ -129,12 +129,12 @@ def test_the_parquet_sink_refuses_a_batch_with_other_columns(tmp_path: Path) -> 
                                                         trigger="available-now")
     with pytest.raises(mb.QueryTerminatedError, match="new column 'x' \\(String\\)"):
         query.await_termination(60)
-    assert mb.read_parquet_output(tmp_path / "out")["id"].to_list() == [1]
+    assert mb.parquet_table(tmp_path / "out")["id"].to_list() == [1]
 
     pinned = mb.read_files(tmp_path / "in", format="parquet", max_files_per_batch=1,
                            schema={"id": pl.Int64})
     pinned.write_parquet(tmp_path / "out").start(tmp_path / "chk",
                                                  trigger="available-now").await_termination(60)
-    assert mb.read_parquet_output(tmp_path / "out")["id"].to_list() == [1, 2]
-    dead = mb.read_parquet_output(tmp_path / "chk" / "dead_letter")
+    assert mb.parquet_table(tmp_path / "out")["id"].to_list() == [1, 2]
+    dead = mb.parquet_table(tmp_path / "chk" / "dead_letter")
     assert "cannot convert 3.5 to Int64" in dead["reason"][0]

@@ -100,7 +100,7 @@ def reference(tmp_path: Path) -> pl.DataFrame:
     clean = tmp_path / "reference"
     shutil.copytree(tmp_path / "in", clean / "in")
     run(clean)
-    return mb.read_parquet_output(clean / "out").sort("window_start", "card_id")
+    return mb.parquet_table(clean / "out").sort("window_start", "card_id")
 
 
 # ------------------------------------------------------------------ damage
@@ -225,7 +225,7 @@ def test_a_missing_last_commit_reruns_that_batch_exactly_once(work: Path) -> Non
 
     run(work)
 
-    got = mb.read_parquet_output(work / "out").sort("window_start", "card_id")
+    got = mb.parquet_table(work / "out").sort("window_start", "card_id")
     assert got.equals(reference(work))
 
 
@@ -236,7 +236,7 @@ def test_a_stale_temp_file_left_by_a_crash_is_ignored(work: Path) -> None:
 
     run(work)
 
-    got = mb.read_parquet_output(work / "out").sort("window_start", "card_id")
+    got = mb.parquet_table(work / "out").sort("window_start", "card_id")
     assert got.equals(reference(work))
 
 
@@ -278,5 +278,5 @@ def test_a_compatible_change_resumes(work: Path) -> None:
         .start(work / "chk", trigger="available-now")
     )
     query.await_termination(60)
-    got = mb.read_parquet_output(work / "out").sort("window_start", "card_id")
+    got = mb.parquet_table(work / "out").sort("window_start", "card_id")
     assert got.equals(reference(work))

@@ -76,7 +76,7 @@ def test_sink_on_a_full_disk_stops_and_resumes_exactly(tmp_path: Path, tiny_fs: 
     assert_clear_failure(failed.stderr, failed.returncode)
     assert "cannot write" in failed.stderr
     assert run.next_batch()[1], "the failed batch must wait in the write-ahead log"
-    assert mb.read_parquet_output(work / "out").height > 0  # committed batches stay readable
+    assert mb.parquet_table(work / "out").height > 0  # committed batches stay readable
     ballast.unlink()
     run.finish()
     assert run.verdict is not None
@@ -154,11 +154,11 @@ def test_sink_without_space_in_process_stops_and_resumes(tmp_path: Path) -> None
     with pytest.raises(mb.QueryTerminatedError, match=NO_SPACE) as info:
         query.await_termination(60)
     assert "cannot write the data files of batch 2" in str(info.value)
-    assert mb.read_parquet_output(tmp_path / "out")["x"].to_list() == list(range(20))
+    assert mb.parquet_table(tmp_path / "out")["x"].to_list() == list(range(20))
 
     stream.write_parquet(tmp_path / "out").start(
         tmp_path / "chk", trigger="available-now").await_termination(60)
-    assert sorted(mb.read_parquet_output(tmp_path / "out")["x"].to_list()) == list(range(50))
+    assert sorted(mb.parquet_table(tmp_path / "out")["x"].to_list()) == list(range(50))
 
 
 def test_a_checkpoint_write_without_space_names_the_file_and_leaves_no_temp(

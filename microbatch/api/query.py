@@ -1,0 +1,257 @@
+"""The handle of a running query: ``StreamingQuery``.
+
+A query runs its trigger loop in a background thread, so a notebook kernel
+or a test keeps control; the CLI waits on it with ``await_termination``.
+When a batch fails, the query thread records the error in ``chk/last_error``
+(for ``microbatch status``); a run that starts successfully removes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from microbatch.engine.execution import MicroBatchExecution
+from microbatch.exceptions import QueryTerminatedError
+from microbatch.observability.progress import clear_last_error, write_last_error
+
+if TYPE_CHECKING:
+    from microbatch.observability.prometheus import MetricsServer
+    from microbatch.observability.snapshot import QuerySnapshot
+
+log = logging.getLogger("microbatch.api.query")
+
+MAX_TRACEBACK_CHARS = 20_000
+"""The end of a failed query's traceback kept in ``chk/last_error``."""
+
+
+class StreamingQuery:
+    """A started query. Thread-safe; every method may be called from any thread.
+
+    ``id`` is stable across restarts of the same checkpoint; ``run_id``
+    changes each start.
+    """
+
+    def __init__(self, execution: MicroBatchExecution, *, name: str | None = None) -> None:
+        self._exec = execution
+        self.name = name
+        self._exception: BaseException | None = None
+        self._done = threading.Event()
+        self._started = threading.Event()
+        self._open_failed = False
+        self._metrics: MetricsServer | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"microbatch-{name or 'query'}", daemon=True
+        )
+
+    def _start(
+        self, *, metrics_port: int | None = None, metrics_host: str = "127.0.0.1"
+    ) -> StreamingQuery:
+        if metrics_port is not None:  # bound first: a busy port fails before anything runs
+            from microbatch.observability.prometheus import MetricsServer
+
+            self._metrics = MetricsServer(self.snapshot, port=metrics_port, host=metrics_host)
+        self._thread.start()
+        self._started.wait()
+        if self._open_failed:
+            self._thread.join()
+            self._stop_metrics()
+            assert self._exception is not None
+            raise self._exception
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._exec.open()
+        except BaseException as exc:
+            self._exception = exc
+            self._open_failed = True
+            self._done.set()
+            self._started.set()
+            return
+        self._started.set()
+        try:
+            clear_last_error(self._exec.checkpoint.root)
+            self._exec.run()
+            self._exec.status_message = "stopped"
+        except BaseException as exc:
+            self._exception = exc
+            self._exec.status_message = f"failed: {exc}"
+            log.error("query %s failed:\n%s", self.id, traceback.format_exc())
+            self._record_error(exc)
+        finally:
+            self._exec.close()
+            self._stop_metrics()
+            self._done.set()
+            with self._exec.cond:
+                self._exec.cond.notify_all()
+
+    def _record_error(self, exc: BaseException) -> None:
+        """Write ``chk/last_error`` (the lock is still held: nobody else writes)."""
+        ex = self._exec
+        now = time.time()
+        doc = {
+            "query_id": ex.query_id,
+            "run_id": ex.run_id,
+            "name": self.name,
+            "batch_id": ex.pending.batch_id if ex.pending is not None else ex.next_batch_id,
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": traceback.format_exc()[-MAX_TRACEBACK_CHARS:],
+            "failed_at_ms": int(now * 1000),
+            "failed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        }
+        try:
+            write_last_error(ex.checkpoint.root, doc)
+        except OSError as write_error:  # never hide the query's own error
+            log.warning("could not record the error in %s: %s", ex.checkpoint.root, write_error)
+
+    def _stop_metrics(self) -> None:
+        server, self._metrics = self._metrics, None
+        if server is not None:
+            server.stop()
+
+    @property
+    def id(self) -> str:
+        """The query id recorded in the checkpoint's metadata."""
+        return self._exec.query_id
+
+    @property
+    def run_id(self) -> str:
+        """Unique to this start of the query."""
+        return self._exec.run_id
+
+    @property
+    def checkpoint(self) -> str:
+        return str(self._exec.checkpoint.root)
+
+    @property
+    def is_active(self) -> bool:
+        return not self._done.is_set()
+
+    @property
+    def exception(self) -> BaseException | None:
+        """The error that stopped the query, or ``None``."""
+        return self._exception
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """What the query is doing now (JSON-serializable)."""
+        ex = self._exec
+        return {
+            "message": ex.status_message,
+            "is_active": self.is_active,
+            "next_batch_id": ex.next_batch_id,
+            "falling_behind": ex.falling_behind,
+        }
+
+    @property
+    def last_progress(self) -> dict[str, Any] | None:
+        """The progress record of the newest batch, or ``None``."""
+        recent = self._exec.progress.recent
+        return recent[-1] if recent else None
+
+    @property
+    def recent_progress(self) -> list[dict[str, Any]]:
+        """Progress records of recent batches, oldest first."""
+        return list(self._exec.progress.recent)
+
+    def snapshot(self) -> QuerySnapshot:
+        """The query as of now, for views (notebook, ``explain``, Prometheus)."""
+        from microbatch.observability.snapshot import QuerySnapshot
+
+        ex = self._exec
+        recent, totals = ex.progress.snapshot()
+        return QuerySnapshot(
+            id=ex.query_id,
+            run_id=ex.run_id,
+            name=self.name,
+            checkpoint=str(ex.checkpoint.root),
+            trigger=str(ex.trigger),
+            message=ex.status_message,
+            is_active=self.is_active,
+            failed=self._exception is not None,
+            metrics_url=self.metrics_url,
+            recent=recent,
+            totals=totals,
+            plan=ex.plan,
+            node_ids=ex.executor.node_ids(),
+        )
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus metrics are served (``start(metrics_port=...)``), or ``None``."""
+        return None if self._metrics is None else self._metrics.url
+
+    def explain(self) -> None:
+        """Print the plan with its stateful operators, state sizes and watermarks."""
+        print(self.explain_text())  # printing is the point, as in Spark
+
+    def explain_text(self) -> str:
+        """What :meth:`explain` prints: the plan annotated with live figures."""
+        from microbatch.observability.query_view import explain_text
+
+        return explain_text(self.snapshot())
+
+    def _repr_html_(self) -> str:
+        """Notebook view: status, the newest batch, and a table of recent batches."""
+        from microbatch.observability.query_view import query_html
+
+        return query_html(self.snapshot())
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the batch in flight, commit it, then stop; waits for that."""
+        self._exec.stop_requested.set()
+        self._exec.wake.set()
+        self._done.wait(timeout)
+
+    def request_stop(self) -> None:
+        """Ask for a graceful stop without waiting (safe in signal handlers)."""
+        self._exec.stop_requested.set()
+        self._exec.wake.set()
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        """Wait until the query stops; re-raise the error that stopped it.
+
+        Returns ``True`` when the query has terminated, ``False`` when the
+        timeout passed first.
+        """
+        if not self._done.wait(timeout):
+            return False
+        self._thread.join()
+        self._raise_if_failed()
+        return True
+
+    def process_all_available(self, timeout: float | None = None) -> None:
+        """Block until every record available at the time of the call is processed.
+
+        Meant for notebooks and tests: it wakes the trigger loop instead of
+        waiting for the next tick. Raises if the query fails meanwhile, and
+        ``TimeoutError`` when ``timeout`` seconds pass first.
+        """
+        ex = self._exec
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with ex.cond:
+            target = ex.plans_started + 1
+        ex.wake.set()
+        with ex.cond:
+            while ex.last_idle_plan < target and not self._done.is_set():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError("process_all_available timed out")
+                ex.cond.wait(0.1 if remaining is None else min(0.1, remaining))
+                ex.wake.set()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._exception is not None:
+            raise QueryTerminatedError(
+                f"query {self.id or self.name} stopped with an error: {self._exception}"
+            ) from self._exception
+
+    def __repr__(self) -> str:
+        message = self.status["message"]
+        return f"<StreamingQuery id={self.id} active={self.is_active} status={message!r}>"

@@ -1,0 +1,142 @@
+"""``DataStreamWriter``: a stream with its sink attached, not yet started."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, get_args
+
+from microbatch.api.query import StreamingQuery
+from microbatch.checkpoint import Checkpoint
+from microbatch.engine.execution import MicroBatchExecution
+from microbatch.exceptions import PlanError
+from microbatch.observability.latency import LatencyProbe, latency_columns
+from microbatch.plan.nodes import AggregateNode, PlanNode, WatermarkNode, is_aggregated
+from microbatch.plan.triggers import Trigger, parse_trigger
+from sinks.base import OutputMode, Sink
+
+
+@dataclass(frozen=True)
+class DataStreamWriter:
+    """A stream's plan plus a sink and an output mode; ``start`` runs it.
+
+    Made by ``Stream.write_*``; immutable: ``start`` can be called again after a
+    query stops, on the same checkpoint, to resume exactly where it left off.
+    """
+
+    plan: PlanNode
+    sink: Sink
+    output_mode: OutputMode = "append"
+    dead_letter: Sink | None = None
+    late_sink: Sink | None = None
+    """The stream's late-row side output (``Stream.on_late``)."""
+
+    def __post_init__(self) -> None:
+        if self.output_mode not in get_args(OutputMode):
+            raise PlanError(
+                f"unknown output_mode {self.output_mode!r}: use 'append', 'update' or 'complete'"
+            )
+        if self.output_mode not in self.sink.supported_modes:
+            raise PlanError(
+                f"{type(self.sink).__name__} does not support output_mode={self.output_mode!r}; "
+                f"it supports {', '.join(self.sink.supported_modes)}"
+            )
+        if self.output_mode == "complete" and not is_aggregated(self.plan):
+            raise PlanError(
+                "output_mode='complete' needs an aggregation (group_by(...).agg(...)): "
+                "without one the complete result would be every row ever seen. "
+                "Use 'append' for a stateless stream."
+            )
+        validate_aggregations(self.plan, self.output_mode)
+
+    def dead_letters_to(self, sink: Sink) -> DataStreamWriter:
+        """Send malformed input records to ``sink`` instead of ``chk/dead_letter``."""
+        return replace(self, dead_letter=sink)
+
+    def start(
+        self,
+        checkpoint: str | os.PathLike[str] | None = None,
+        trigger: str | Trigger | None = None,
+        *,
+        name: str | None = None,
+        retention: int = 100,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+    ) -> StreamingQuery:
+        """Start the query in a background thread and return its handle.
+
+        ``checkpoint``: the directory that makes the query restartable; a
+        fresh temporary directory when omitted (fine for notebooks, not for
+        jobs). ``trigger``: ``"10s"`` (interval), ``"once"``,
+        ``"available-now"``, or ``None`` for batches back to back.
+        ``metrics_port``: serve the progress figures as Prometheus metrics on
+        ``http://metrics_host:metrics_port/metrics`` while the query runs
+        (``0`` picks a free port: see ``query.metrics_url``).
+        Raises at once when the checkpoint is unusable or locked.
+        """
+        if retention < 1:
+            raise PlanError(f"retention must be at least 1 batch, got {retention}")
+        root = (
+            Path(checkpoint)
+            if checkpoint is not None
+            else Path(tempfile.mkdtemp(prefix="microbatch-chk-"))
+        )
+        chk = Checkpoint(root)
+        execution = MicroBatchExecution(
+            plan=self.plan,
+            sink=LatencyProbe(self.sink, latency_columns(self.plan)),
+            output_mode=self.output_mode,
+            checkpoint=chk,
+            trigger=parse_trigger(trigger),
+            dead_letter_sink=self.dead_letter or _default_dead_letter_sink(chk),
+            late_sink=self.late_sink,
+            key_columns=tuple(output_keys(self.plan)),
+            retention=retention,
+            name=name,
+        )
+        return StreamingQuery(execution, name=name)._start(
+            metrics_port=metrics_port, metrics_host=metrics_host
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {"sink": self.sink.describe(), "output_mode": self.output_mode}
+
+
+def output_keys(plan: PlanNode) -> list[str]:
+    """Columns identifying a result row: the outermost aggregation's keys."""
+    for node in plan.walk():
+        if isinstance(node, AggregateNode):
+            return node.output_keys()
+    return []
+
+
+def validate_aggregations(plan: PlanNode, mode: OutputMode) -> None:
+    """Refuse aggregations that cannot run in ``mode`` (Spark's rules), when built."""
+    for node in plan.walk():
+        if not isinstance(node, AggregateNode):
+            continue
+        marks = [n.spec for n in node.child.walk() if isinstance(n, WatermarkNode)]
+        if node.window is None:
+            if mode == "append":
+                raise PlanError(
+                    "output_mode='append' cannot emit a group_by without a window: a key's "
+                    "result is never final. Use output_mode='update' or 'complete', or group "
+                    "by mb.window(...) with a watermark."
+                )
+            continue
+        column = node.window.column
+        if not any(m.column == column for m in marks) and mode != "update":
+            raise PlanError(
+                f"output_mode={mode!r} with a window on {column!r} needs "
+                f".with_watermark({column!r}, delay) before group_by: without a watermark "
+                "windows never close, so state grows forever. Add a watermark, or use "
+                "output_mode='update'."
+            )
+
+
+def _default_dead_letter_sink(chk: Checkpoint) -> Sink:
+    from sinks.parquet import ParquetSink
+
+    return ParquetSink(chk.dead_letter_dir)

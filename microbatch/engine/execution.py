@@ -1,0 +1,600 @@
+"""The trigger loop and the lifecycle of one micro-batch.
+
+This module is the engine's spine. :meth:`MicroBatchExecution.run_batch`
+reads top to bottom as the protocol of DESIGN.md::
+
+    1. plan         each source's end offset (capped); no new data -> no batch
+    2. write-ahead  offsets/N = ranges, watermark, timestamp, fingerprint
+    3. read         exactly the recorded ranges
+    4. execute      the plan, vectorized over the whole batch
+    5. sink         sink.add_batch(N, rows); dead letters likewise
+    6. commit       commits/N; sources may forget what is before their ends
+    7. report       one progress record
+
+Recovery (:meth:`MicroBatchExecution.recover`)::
+
+    last = latest entry of offsets/
+    if there is none:                 start every source at its initial offset
+    elif an earlier offsets/ entry
+         has no commits/ entry:       refuse (files deleted by hand; nothing runs)
+    elif commits/ has last:           next batch = last + 1, from last's ends
+    else:                             re-run batch `last` with its recorded
+                                      ranges and watermark (steps 3..7); the
+                                      sink's idempotency absorbs a write that
+                                      already landed
+
+Everything a batch does is a function of (offsets/N, code), so the re-run
+produces the same rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from microbatch.checkpoint import Checkpoint
+from microbatch.engine.executor import BatchExecutor, input_frame
+from microbatch.engine.faults import fault_point
+from microbatch.engine.read_ahead import ReadAhead, read_ranges
+from microbatch.engine.watermark import PARTITION_COLUMN
+from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError
+from microbatch.observability.latency import LatencyProbe
+from microbatch.observability.progress import ProgressStore
+from microbatch.observability.record import BatchFacts, progress_record
+from microbatch.operators.base import OperatorContext
+from microbatch.plan.nodes import PlanNode
+from microbatch.plan.triggers import AvailableNow, Once, ProcessingTime, Trigger
+from microbatch.sources.base import Offset, Source, SourceContext
+from sinks.base import OutputMode, Sink, SinkContext
+
+log = logging.getLogger("microbatch.engine.execution")
+
+IDLE_POLL_S = 0.05
+"""How long a back-to-back (``0s``) trigger waits before planning again when
+the previous plan found no new data."""
+
+
+@dataclass
+class PlannedBatch:
+    """Batch N as fixed by its write-ahead entry."""
+
+    batch_id: int
+    ranges: dict[str, tuple[Offset, Offset]]
+    timestamp_ms: int
+    watermark_ms: int | None = None
+    recovered: bool = False
+    durations_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class BatchResult:
+    """What steps 3-5 produced, for the progress record."""
+
+    input_rows: dict[str, int]
+    output_rows: int
+    dead_letter_rows: int
+    late_rows: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class Timer:
+    """Accumulates wall time per lifecycle step of one batch."""
+
+    def __init__(self, durations: dict[str, float]) -> None:
+        self.durations = durations
+
+    def step(self, name: str) -> _Span:
+        return _Span(self.durations, name)
+
+
+class _Span:
+    def __init__(self, durations: dict[str, float], name: str) -> None:
+        self.durations, self.name = durations, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = (time.perf_counter() - self.t0) * 1000
+        self.durations[self.name] = round(self.durations.get(self.name, 0.0) + elapsed, 3)
+
+
+def _id_list(ids: list[int], limit: int = 10) -> str:
+    """``[7, 8, 9]``, or the first ``limit`` ids and how many more."""
+    shown = ", ".join(map(str, ids[:limit]))
+    return f"[{shown}]" if len(ids) <= limit else f"[{shown}, ... {len(ids) - limit} more]"
+
+
+def next_tick(started: float, interval_ms: int) -> float:
+    """The start (seconds) of the interval after the one containing ``started``.
+
+    Ticks sit on multiples of the interval of the wall clock, so batches never
+    drift; when a batch overruns, the next tick is already past and the next
+    batch starts at once (and its progress says ``falling_behind``).
+    """
+    started_ms = round(started * 1000)  # whole milliseconds: no float drift at boundaries
+    return (started_ms // interval_ms + 1) * interval_ms / 1000
+
+
+class MicroBatchExecution:
+    """Runs one query: recovers from its checkpoint, then batches per trigger."""
+
+    def __init__(
+        self,
+        *,
+        plan: PlanNode,
+        sink: Sink,
+        output_mode: OutputMode,
+        checkpoint: Checkpoint,
+        trigger: Trigger,
+        dead_letter_sink: Sink | None = None,
+        late_sink: Sink | None = None,
+        key_columns: tuple[str, ...] = (),
+        retention: int = 100,
+        clock: Callable[[], float] = time.time,
+        name: str | None = None,
+    ) -> None:
+        self.plan = plan
+        self.sink = sink
+        self.output_mode = output_mode
+        self.checkpoint = checkpoint
+        self.trigger = trigger
+        self.dead_letter_sink = dead_letter_sink
+        self.late_sink = late_sink
+        self.key_columns = key_columns
+        self.retention = retention
+        self.clock = clock
+        self.name = name
+        self.sources: dict[str, Source] = {str(i): s for i, s in enumerate(plan.sources())}
+        self.executor = BatchExecutor(plan, output_mode=output_mode)
+        self.tracker = self.executor.tracker
+        self.watermark_in_force: int | None = None
+        self.input_schemas: dict[str, pl.Schema] = {}
+        self.read_ahead = ReadAhead(self.sources)
+        self.query_id = ""
+        self.run_id = str(uuid.uuid4())
+        self.next_batch_id = 0
+        self.committed: dict[str, Offset] = {}
+        self.pending: PlannedBatch | None = None
+        self.progress = ProgressStore(None)
+        self.falling_behind = False
+        # coordination with the StreamingQuery handle (other threads)
+        self.stop_requested = threading.Event()
+        self.wake = threading.Event()
+        self.cond = threading.Condition()
+        self.plans_started = 0
+        self.last_idle_plan = -1
+        self.status_message = "initializing"
+
+    # ------------------------------------------------------------------ setup
+
+    def open(self) -> None:
+        """Create/lock the checkpoint, open sources and sinks, recover."""
+        meta = self.checkpoint.create_or_open()
+        self.checkpoint.lock()
+        try:
+            self.query_id = meta["query_id"]
+            self.progress = ProgressStore(self.checkpoint.progress_dir, retain=self.retention)
+            for sid, source in self.sources.items():
+                source.open(SourceContext(sid, self.checkpoint.source_dir(sid)))
+            self.sink.open(self._sink_context())
+            for side in (self.dead_letter_sink, self.late_sink):
+                if side is not None:
+                    side.open(self._sink_context(mode="append", keys=()))
+            self.recover()
+            self.executor.open(self.checkpoint.root / "state", self.next_batch_id)
+        except BaseException:
+            self.close()
+            raise
+
+    def _sink_context(
+        self, mode: OutputMode | None = None, keys: tuple[str, ...] | None = None
+    ) -> SinkContext:
+        return SinkContext(
+            query_id=self.query_id,
+            output_mode=mode or self.output_mode,
+            checkpoint_dir=self.checkpoint.root,
+            key_columns=self.key_columns if keys is None else keys,
+            fault_point=fault_point,
+        )
+
+    def close(self) -> None:
+        """Close sources and sinks and release the lock (idempotent)."""
+        self.read_ahead.close()
+        for closer in [s.close for s in self.sources.values()] + [self.sink.close]:
+            try:
+                closer()
+            except Exception:
+                log.exception("error while closing")
+        for side in (self.dead_letter_sink, self.late_sink):
+            if side is not None:
+                side.close()
+        self.checkpoint.unlock()
+
+    def identity(self) -> dict[str, Any]:
+        """What must not change across restarts on one checkpoint."""
+        return {"sources": {sid: s.identity() for sid, s in self.sources.items()}}
+
+    def fingerprint(self) -> str:
+        """A hash of the whole job's configuration, recorded per batch."""
+        doc = {
+            "identity": self.identity(),
+            "plan": self.plan.explain(),
+            "sink": self.sink.describe(),
+            "output_mode": self.output_mode,
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[
+            :16
+        ]
+
+    def recover(self) -> None:
+        """Find where to resume; see the module docstring for the rule."""
+        offsets, commits = self.checkpoint.offsets, self.checkpoint.commits
+        assert offsets is not None
+        assert commits is not None
+        offsets.check_contiguous()
+        commits.check_contiguous()
+        last = offsets.latest()
+        if last is None:
+            if commits.batch_ids():
+                raise CheckpointCorruptError(
+                    f"{commits.directory} has entries but {offsets.directory} is empty; "
+                    "the write-ahead log was deleted. Start on a new checkpoint directory."
+                )
+            self.committed = {sid: s.initial_offset() for sid, s in self.sources.items()}
+            self.next_batch_id = 0
+            return
+        batch_id, entry = last
+        self._check_compatible(batch_id, entry)
+        uncommitted = sorted(set(offsets.batch_ids()) - set(commits.batch_ids()) - {batch_id})
+        if uncommitted:
+            # NOTE: only the last batch may lack its commit (the rule above); re-running
+            # it alone would leave these unaccounted for, so nothing runs
+            raise CheckpointCorruptError(
+                f"{commits.directory} is missing entries for batches {_id_list(uncommitted)} "
+                f"although {offsets.directory} has them and later batches; files were deleted "
+                "by hand. Only the last batch may be uncommitted. Restore the missing commit "
+                "files from a backup, or start the job on a new checkpoint directory and "
+                "backfill what it should hold."
+            )
+        ranges = {sid: (r["start"], r["end"]) for sid, r in entry["sources"].items()}
+        last_commit = commits.latest()
+        if last_commit is not None and last_commit[0] > batch_id:
+            raise CheckpointCorruptError(
+                f"{commits.path(last_commit[0])} commits batch {last_commit[0]} but the "
+                f"write-ahead log ends at batch {batch_id}; the offsets log was truncated."
+            )
+        if last_commit is not None:
+            self.tracker.restore(last_commit[1].get("watermark"))
+        if commits.get(batch_id) is not None:
+            self.watermark_in_force = entry.get("watermark_ms")
+            self.committed = {sid: end for sid, (_, end) in ranges.items()}
+            self.next_batch_id = batch_id + 1
+        else:
+            self.committed = {sid: start for sid, (start, _) in ranges.items()}
+            self.next_batch_id = batch_id
+            self.pending = PlannedBatch(
+                batch_id=batch_id,
+                ranges=ranges,
+                timestamp_ms=entry["timestamp_ms"],
+                watermark_ms=entry.get("watermark_ms"),
+                recovered=True,
+            )
+            log.warning("recovering batch %d from its write-ahead entry", batch_id)
+
+    def _check_compatible(self, batch_id: int, entry: dict[str, Any]) -> None:
+        recorded = entry.get("identity", {})
+        current = self.identity()
+        if recorded != current:
+            raise IncompatibleCheckpointError(
+                f"checkpoint {self.checkpoint.root} was written by a job with different "
+                f"sources (batch {batch_id} recorded {json.dumps(recorded, sort_keys=True)}, "
+                f"this job has {json.dumps(current, sort_keys=True)}). A checkpoint holds "
+                "positions in specific sources: start the changed job on a new checkpoint."
+            )
+
+    # ---------------------------------------------------------- the lifecycle
+
+    def run_batch(self, *, capped: bool = True, bounds: dict[str, Offset] | None = None) -> bool:
+        """Run the next batch through steps 1-7; False when there was nothing to do."""
+        batch = self.pending or self.plan_batch(capped=capped, bounds=bounds)
+        if batch is None:
+            return False
+        timer = Timer(batch.durations_ms)
+        try:
+            if not batch.recovered:
+                with timer.step("write_ahead"):
+                    self.write_ahead(batch)
+                fault_point("after_write_ahead", batch.batch_id)
+            with timer.step("read"):
+                inputs, dead_letters = self.read_inputs(batch)
+            fault_point("after_read", batch.batch_id)
+            with timer.step("execute"):
+                output, ctx = self.execute(batch, inputs)
+            fault_point("after_execute", batch.batch_id)
+            self.start_read_ahead(batch, capped=capped, bounds=bounds)
+            with timer.step("sink"):
+                self.write_sink(batch, output, dead_letters, ctx)
+            fault_point("after_sink", batch.batch_id)
+            with timer.step("commit"):
+                self.commit(batch)
+        except BaseException:
+            self.executor.abort()
+            raise
+        fault_point("after_commit", batch.batch_id)
+        result = BatchResult(
+            input_rows={sid: frame.height for sid, frame in inputs.items()},
+            output_rows=output.height,
+            dead_letter_rows=dead_letters.height,
+            late_rows=sum(f.height for f in ctx.late_rows),
+            state=ctx.metrics,
+        )
+        self.report(batch, result)
+        fault_point("after_report", batch.batch_id)
+        return True
+
+    def plan_batch(
+        self, *, capped: bool = True, bounds: dict[str, Offset] | None = None
+    ) -> PlannedBatch | None:
+        """Step 1: each source's end offset now.
+
+        ``None`` when no source has new data and the watermark did not move
+        past state waiting to be emitted; otherwise the batch (a no-data batch
+        when only the watermark moved).
+        """
+        t0 = time.perf_counter()
+        self.read_ahead.wait()  # NOTE: a source is never used by two threads at once
+        with self.cond:
+            self.plans_started += 1
+            plan_no = self.plans_started
+        ranges: dict[str, tuple[Offset, Offset]] = {}
+        has_data = False
+        for sid, source in self.sources.items():
+            start = self.committed[sid]
+            end = source.latest_offset(start, capped=capped)
+            if bounds is not None and sid in bounds:
+                end = source.bound(end, bounds[sid])
+                if source.compare(end, start) < 0:
+                    end = start
+            ranges[sid] = (start, end)
+            has_data = has_data or source.compare(end, start) > 0
+        next_watermark = self.tracker.current
+        watermark_moved = next_watermark != self.watermark_in_force
+        if not has_data and not (
+            watermark_moved and self.executor.has_expirable_state(next_watermark)
+        ):
+            with self.cond:
+                self.last_idle_plan = plan_no
+                self.cond.notify_all()
+            return None
+        batch = PlannedBatch(
+            batch_id=self.next_batch_id,
+            ranges=ranges,
+            timestamp_ms=int(self.clock() * 1000),
+            watermark_ms=next_watermark,
+        )
+        batch.durations_ms["plan"] = round((time.perf_counter() - t0) * 1000, 3)
+        fault_point("after_plan", batch.batch_id)
+        return batch
+
+    def write_ahead(self, batch: PlannedBatch) -> None:
+        """Step 2: record batch N durably; from here it is fixed forever."""
+        assert self.checkpoint.offsets is not None
+        self.checkpoint.offsets.add(
+            batch.batch_id,
+            {
+                "batch_id": batch.batch_id,
+                "sources": {
+                    sid: {"start": start, "end": end} for sid, (start, end) in batch.ranges.items()
+                },
+                "watermark_ms": batch.watermark_ms,
+                "timestamp_ms": batch.timestamp_ms,
+                "identity": self.identity(),
+                "fingerprint": self.fingerprint(),
+            },
+        )
+        self.pending = batch
+
+    def read_inputs(self, batch: PlannedBatch) -> tuple[dict[str, pl.DataFrame], pl.DataFrame]:
+        """Step 3: exactly the recorded range of every source, and its dead letters."""
+        got = self.read_ahead.take(batch.ranges) or read_ranges(self.sources, batch.ranges)
+        inputs: dict[str, pl.DataFrame] = {}
+        dead: list[pl.DataFrame] = []
+        for sid, read in got.items():
+            source = self.sources[sid]
+            if read is None:
+                known = self.input_schemas.get(sid)
+                inputs[sid] = (
+                    known.to_frame() if known is not None else input_frame(source, pl.DataFrame())
+                )
+                continue
+            frame = input_frame(source, read.data)
+            if frame.width:
+                self.input_schemas[sid] = frame.schema
+            if read.partitions is not None and self.tracker.specs:
+                frame = frame.with_columns(read.partitions.alias(PARTITION_COLUMN))
+            inputs[sid] = frame
+            if read.dead_letters.height:
+                dead.append(read.dead_letters)
+        dead_letters = (
+            pl.concat(dead).with_columns(pl.lit(batch.batch_id, pl.Int64).alias("batch_id"))
+            if dead
+            else pl.DataFrame()
+        )
+        return inputs, dead_letters
+
+    def start_read_ahead(
+        self, batch: PlannedBatch, *, capped: bool, bounds: dict[str, Offset] | None
+    ) -> None:
+        """With a backlog, read what the next batch will most likely be, in the
+        background, while this batch is in its sink (see :mod:`read_ahead`)."""
+        backlog = isinstance(self.trigger, AvailableNow) or self.falling_behind
+        if not backlog or not capped:
+            return
+        ranges: dict[str, tuple[Offset, Offset]] = {}
+        try:
+            for sid, (_, end) in batch.ranges.items():
+                source = self.sources[sid]
+                nxt = source.latest_offset(end, capped=True)
+                if bounds is not None and sid in bounds:
+                    nxt = source.bound(nxt, bounds[sid])
+                ranges[sid] = (end, nxt if source.compare(nxt, end) > 0 else end)
+        except Exception as exc:  # a guess failed: the next plan will ask (and raise) again
+            log.debug("no read-ahead for batch %d: %s", batch.batch_id + 1, exc)
+            return
+        if any(self.sources[sid].compare(e, s) > 0 for sid, (s, e) in ranges.items()):
+            self.read_ahead.start(ranges)
+
+    def execute(
+        self, batch: PlannedBatch, inputs: dict[str, pl.DataFrame]
+    ) -> tuple[pl.DataFrame, OperatorContext]:
+        """Step 4: the plan over the whole batch, with the recorded watermark;
+        then the watermark that the next batch will use."""
+        ctx = OperatorContext(
+            batch_id=batch.batch_id,
+            watermark_ms=batch.watermark_ms,
+            timestamp_ms=batch.timestamp_ms,
+        )
+        output = self.executor.execute(inputs, ctx)
+        self.tracker.advance(batch.timestamp_ms)
+        return output, ctx
+
+    def write_sink(
+        self, batch: PlannedBatch, output: pl.DataFrame, dead: pl.DataFrame, ctx: OperatorContext
+    ) -> None:
+        """Step 5: hand the batch to the sinks (each idempotent on the batch id)."""
+        if dead.height and self.dead_letter_sink is not None:
+            self.dead_letter_sink.add_batch(batch.batch_id, dead)
+        if ctx.late_rows and self.late_sink is not None:
+            late = pl.concat(ctx.late_rows, how="diagonal_relaxed").with_columns(
+                pl.lit(batch.batch_id, pl.Int64).alias("batch_id")
+            )
+            self.late_sink.add_batch(batch.batch_id, late)
+        self.sink.add_batch(batch.batch_id, output)
+
+    def commit(self, batch: PlannedBatch) -> None:
+        """Step 6: state version N+1, then ``commits/N`` with the next watermark."""
+        assert self.checkpoint.offsets is not None
+        assert self.checkpoint.commits is not None
+        self.executor.commit()
+        fault_point("after_state_commit", batch.batch_id)
+        self.checkpoint.commits.add(
+            batch.batch_id,
+            {
+                "batch_id": batch.batch_id,
+                "next_watermark_ms": self.tracker.current,
+                "watermark": self.tracker.to_json(),
+                "committed_at_ms": int(self.clock() * 1000),
+            },
+        )
+        self.pending = None
+        self.watermark_in_force = batch.watermark_ms
+        self.committed = {sid: end for sid, (_, end) in batch.ranges.items()}
+        self.next_batch_id = batch.batch_id + 1
+        for sid, (_, end) in batch.ranges.items():
+            self.sources[sid].commit(end)
+        keep_from = batch.batch_id + 1 - self.retention
+        if keep_from > 0:
+            self.checkpoint.offsets.purge_before(keep_from)
+            self.checkpoint.commits.purge_before(keep_from)
+
+    def report(self, batch: PlannedBatch, result: BatchResult) -> None:
+        """Step 7: push the batch's facts to the progress record.
+
+        The fields are listed in :mod:`microbatch.observability.record`; the
+        record goes to ``query.recent_progress``, ``chk/progress/N`` and the
+        ``microbatch.progress`` logger (one JSON line).
+        """
+        interval_ms = (
+            self.trigger.interval_ms if isinstance(self.trigger, ProcessingTime) else None
+        )
+        has_watermark = bool(self.tracker.specs)
+        facts = BatchFacts(
+            query_id=self.query_id,
+            run_id=self.run_id,
+            name=self.name,
+            trigger=str(self.trigger),
+            interval_ms=interval_ms,
+            batch_id=batch.batch_id,
+            timestamp_ms=batch.timestamp_ms,
+            recovered=batch.recovered,
+            watermark_ms=batch.watermark_ms,
+            next_watermark_ms=self.tracker.current,
+            durations_ms=batch.durations_ms,
+            ranges=batch.ranges,
+            sources=self.sources,
+            input_rows=result.input_rows,
+            output_rows=result.output_rows,
+            dead_letter_rows=result.dead_letter_rows,
+            late_rows=result.late_rows,
+            state=result.state,
+            state_committed=self.executor.state_metrics(),
+            eviction={
+                op.operator_id: op.eviction(has_watermark=has_watermark)
+                for op in self.executor.operators
+            },
+            watermark_partitions=self.tracker.partition_report(batch.timestamp_ms),
+            sink_description=self.sink.describe(),
+            latency=self.sink.latency(batch.batch_id)
+            if isinstance(self.sink, LatencyProbe)
+            else None,
+            previous=self.progress.recent[-1] if self.progress.recent else None,
+        )
+        record = progress_record(facts, now_ms=int(self.clock() * 1000))
+        self.falling_behind = record["falling_behind"]
+        self.progress.add(record)
+
+    # ---------------------------------------------------------- trigger loop
+
+    def run(self) -> None:
+        """Run batches according to the trigger until it ends or stop is asked."""
+        trigger = self.trigger
+        self.status_message = "running"
+        if isinstance(trigger, Once):
+            if self.pending is not None:
+                self.run_batch()
+            self.run_batch(capped=False)
+            # the no-data batch that the advanced watermark calls for, no new data
+            self.run_batch(bounds=dict(self.committed))
+            self._idle_now()
+            return
+        if isinstance(trigger, AvailableNow):
+            targets = {
+                sid: s.latest_offset(self.committed[sid], capped=False)
+                for sid, s in self.sources.items()
+            }
+            while not self.stop_requested.is_set() and self.run_batch(bounds=targets):
+                pass
+            self._idle_now()
+            return
+        interval_s = trigger.interval_ms / 1000
+        while not self.stop_requested.is_set():
+            tick = self.clock()
+            self.wake.clear()
+            ran = self.run_batch()
+            if self.stop_requested.is_set():
+                break
+            if interval_s == 0:
+                if not ran:
+                    self._sleep(IDLE_POLL_S)
+                continue
+            self._sleep(max(0.0, next_tick(tick, trigger.interval_ms) - self.clock()))
+
+    def _idle_now(self) -> None:
+        with self.cond:
+            self.last_idle_plan = self.plans_started + 1
+            self.cond.notify_all()
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait for the next tick; ``stop`` and ``process_all_available`` wake it early."""
+        if seconds > 0:
+            self.wake.wait(seconds)

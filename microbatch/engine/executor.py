@@ -1,0 +1,251 @@
+"""Evaluates a logical plan over one batch of input rows.
+
+Everything here is vectorized: a batch flows as Polars ``LazyFrame``s from
+the sources through the steps; it is collected only where it must be seen
+whole (a watermark node observing event times, a stateful operator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from microbatch.engine.watermark import PARTITION_COLUMN, WatermarkSpec, WatermarkTracker
+from microbatch.exceptions import PlanError
+from microbatch.frames import collect
+from microbatch.operators.base import OperatorContext, StatefulOperator, check_operator_set
+from microbatch.operators.join_state import BinaryOperator
+from microbatch.operators.window_agg import WindowAggregate
+from microbatch.plan.nodes import (
+    JOIN_NODES,
+    AggregateNode,
+    AsOfJoinNode,
+    DedupeNode,
+    IntervalJoinNode,
+    PlanNode,
+    SourceNode,
+    StaticJoinNode,
+    StepNode,
+    WatermarkNode,
+    WindowJoinNode,
+)
+from microbatch.plan.windows import SessionWindowSpec
+from microbatch.sources.base import Source
+from sinks.base import OutputMode
+
+HIDDEN = "^__mb_.*$"
+
+
+def source_ids(plan: PlanNode) -> dict[int, str]:
+    """Map each source object (by identity) to its stable id: its position."""
+    return {id(source): str(i) for i, source in enumerate(plan.sources())}
+
+
+def build_operator(
+    node: AggregateNode, operator_id: str, output_mode: OutputMode
+) -> StatefulOperator:
+    """The runtime operator for an aggregate spec."""
+    if isinstance(node.window, SessionWindowSpec):
+        from microbatch.operators.session import SessionAggregate
+
+        return SessionAggregate(
+            operator_id=operator_id,
+            window=node.window,
+            keys=list(node.keys),
+            aggs=list(node.aggs),
+            output_mode=output_mode,
+        )
+    return WindowAggregate(
+        operator_id=operator_id,
+        window=node.window,
+        keys=list(node.keys),
+        aggs=list(node.aggs),
+        output_mode=output_mode,
+    )
+
+
+class BatchExecutor:
+    """Runs the plan of one query on each batch's input frames.
+
+    Owns the query's stateful operators (ids ``agg-0``, ``agg-1``… in plan
+    order) and its watermark tracker (nodes ``wm-0``…).
+    """
+
+    def __init__(self, plan: PlanNode, *, output_mode: OutputMode = "append") -> None:
+        self.plan = plan
+        self._ids = source_ids(plan)
+        self._wm_ids: dict[int, str] = {}
+        self._ops: dict[int, StatefulOperator] = {}
+        specs: dict[str, WatermarkSpec] = {}
+        for node in plan.walk():
+            if isinstance(node, WatermarkNode):
+                nid = f"wm-{len(specs)}"
+                self._wm_ids[id(node)] = nid
+                specs[nid] = node.spec
+            elif isinstance(node, AggregateNode):
+                op_id = f"agg-{len(self._ops)}"
+                self._ops[id(node)] = build_operator(node, op_id, output_mode)
+            elif isinstance(node, DedupeNode):
+                from microbatch.operators.dedupe import Deduplicate
+
+                self._ops[id(node)] = Deduplicate(
+                    operator_id=f"dedupe-{len(self._ops)}",
+                    subset=list(node.subset),
+                    within_ms=node.within_ms,
+                    time_column=node.time_column,
+                )
+            elif isinstance(node, IntervalJoinNode | AsOfJoinNode | StaticJoinNode):
+                self._ops[id(node)] = build_join_operator(node, f"join-{len(self._ops)}")
+        validate_joins(plan, output_mode)
+        self.tracker = WatermarkTracker(specs)
+        self.operators: list[StatefulOperator] = list(self._ops.values())
+
+    def node_ids(self) -> dict[int, str]:
+        """Plan node (``id(node)``) -> its id here: ``agg-0``, ``wm-0``, or a
+        source's position; what views label the plan with."""
+        ids = {id(node): self._ids[id(node.source)] for node in self.plan.walk()
+               if isinstance(node, SourceNode)}
+        ids.update(self._wm_ids)
+        ids.update({key: op.operator_id for key, op in self._ops.items()})
+        return ids
+
+    @property
+    def has_state(self) -> bool:
+        return bool(self.operators)
+
+    def open(self, state_root: Path | None, batch_id: int) -> None:
+        """Bind operators to their state directories before batch ``batch_id``."""
+        if state_root is not None:
+            check_operator_set(state_root, batch_id, self.operators)
+        for op in self.operators:
+            op.open(None if state_root is None else state_root / op.operator_id, batch_id)
+
+    def execute(self, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext) -> pl.DataFrame:
+        """The result rows of this batch, given each source's rows by id."""
+        out = collect(self._lazy(self.plan, inputs, ctx))
+        return (
+            out.select(pl.exclude(HIDDEN))
+            if any(c.startswith("__mb_") for c in out.columns)
+            else out
+        )
+
+    def _lazy(
+        self, node: PlanNode, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext
+    ) -> pl.LazyFrame:
+        if isinstance(node, SourceNode):
+            return inputs[self._ids[id(node.source)]].lazy()
+        if isinstance(node, StepNode):
+            return node.step.apply(self._lazy(node.child, inputs, ctx))
+        if isinstance(node, WatermarkNode):
+            df = collect(self._lazy(node.child, inputs, ctx))
+            self.tracker.observe(self._wm_ids[id(node)], df, ctx.timestamp_ms)
+            return df.lazy()
+        if isinstance(node, AggregateNode | DedupeNode):
+            df = collect(self._lazy(node.child, inputs, ctx))
+            df = df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
+            return self._ops[id(node)].process(df, ctx).lazy()
+        if isinstance(node, StaticJoinNode):
+            df = collect(self._lazy(node.child, inputs, ctx))
+            return self._ops[id(node)].process(df, ctx).lazy()
+        if isinstance(node, IntervalJoinNode | AsOfJoinNode | WindowJoinNode):
+            left, right = (self._visible(child, inputs, ctx) for child in node.children)
+            if isinstance(node, WindowJoinNode):
+                return window_join(left, right, node).lazy()
+            op = self._ops[id(node)]
+            assert isinstance(op, BinaryOperator)
+            return op.process_pair(left, right, ctx).lazy()
+        raise PlanError(f"the engine cannot run plan node {node.label()} yet")
+
+    def _visible(
+        self, node: PlanNode, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext
+    ) -> pl.DataFrame:
+        """A join input's rows of this batch without the engine's hidden columns."""
+        df = collect(self._lazy(node, inputs, ctx))
+        return df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
+
+    def commit(self) -> None:
+        for op in self.operators:
+            op.commit()
+
+    def abort(self) -> None:
+        for op in self.operators:
+            op.abort()
+
+    def has_expirable_state(self, watermark_ms: int | None) -> bool:
+        return any(op.has_expirable_state(watermark_ms) for op in self.operators)
+
+    def state_metrics(self) -> dict[str, Any]:
+        return {op.operator_id: op.metrics() for op in self.operators}
+
+
+def build_join_operator(
+    node: IntervalJoinNode | AsOfJoinNode | StaticJoinNode, operator_id: str
+) -> StatefulOperator:
+    """The runtime operator of a join node."""
+    if isinstance(node, IntervalJoinNode):
+        from microbatch.operators.interval_join import IntervalJoin
+
+        return IntervalJoin(operator_id=operator_id, spec=node.spec)
+    if isinstance(node, AsOfJoinNode):
+        from microbatch.operators.asof_join import AsOfJoin
+
+        return AsOfJoin(operator_id=operator_id, spec=node.spec)
+    from microbatch.operators.static_join import StaticJoin
+
+    return StaticJoin(operator_id=operator_id, spec=node.spec)
+
+
+def window_join(left: pl.DataFrame, right: pl.DataFrame, node: WindowJoinNode) -> pl.DataFrame:
+    """Join two windowed aggregations' rows of this batch (no state needed).
+
+    NOTE: both inputs are append-mode aggregations over the same window under
+    the query's one watermark, so a window's row leaves both of them in the
+    same batch (the first whose watermark reaches the window's end), and the
+    batch's rows alone give the complete join of every window they close.
+    """
+    on = list(node.spec.on)
+    if not left.width or not right.width:  # an input that never had a row has no columns
+        known = left if left.width else right
+        if not known.width:
+            return pl.DataFrame()
+        empty = known.select(on).head(0)
+        left, right = (left if left.width else empty), (right if right.width else empty)
+    out = left.join(
+        right,
+        on=on,
+        how=node.spec.how,
+        suffix=node.spec.suffix,
+        coalesce=True,
+        maintain_order="left_right",
+    )
+    if out.height > 1:
+        return out.sort(on, maintain_order=True, nulls_last=True)
+    return out
+
+
+def validate_joins(plan: PlanNode, mode: OutputMode) -> None:
+    """Refuse joins that cannot run in ``mode``: a stream-stream join needs final
+    input rows, so an aggregation below it must run in append mode."""
+    if mode == "append":
+        return
+    for node in plan.walk():
+        if not isinstance(node, JOIN_NODES) or isinstance(node, StaticJoinNode):
+            continue
+        below = [n for child in node.children for n in child.walk()]
+        if any(isinstance(n, AggregateNode) for n in below):
+            raise PlanError(
+                f"output_mode={mode!r}: the join {node.label()!r} has an aggregation below it, "
+                "whose rows are final only in append mode (in update mode a window's row is "
+                "re-emitted as it changes, and the join would match every version). Use "
+                "output_mode='append', or aggregate after the join."
+            )
+
+
+def input_frame(source: Source, frame: pl.DataFrame) -> pl.DataFrame:
+    """A source's rows, with its declared schema when it has no rows."""
+    if frame.width == 0 and source.schema is not None:
+        return source.schema.to_frame()
+    return frame

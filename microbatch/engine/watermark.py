@@ -1,0 +1,174 @@
+"""Event-time watermarks: all of the watermark logic lives here.
+
+Rule (DESIGN.md): per input partition, the candidate is the maximum event
+time seen minus the delay; the watermark of one ``with_watermark`` node is
+the minimum over its partitions that are not idle (no rows for longer than
+``idle_timeout`` of processing time); several nodes combine by ``min``
+(default) or ``max``; the watermark never moves backwards.
+
+NOTE: ordering matters for replay. The value computed at the end of batch N
+is written to ``commits/N`` and recorded as the watermark in force in
+``offsets/N+1``; batch N itself only ever uses the value recorded in its own
+``offsets/N``. Idleness is judged against each batch's recorded timestamp,
+never the wall clock of a re-run, so replays see the same watermarks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import polars as pl
+
+from microbatch.exceptions import PlanError
+from microbatch.frames import collect
+from microbatch.plan.durations import parse_duration_ms
+
+PARTITION_COLUMN = "__mb_partition"
+"""Hidden column carrying a row's source partition up to the watermark node."""
+MAX_REPORTED_PARTITIONS = 256
+"""Partitions listed per progress record under ``watermark_partitions``."""
+
+WatermarkPolicy = Literal["min", "max"]
+
+
+@dataclass(frozen=True)
+class WatermarkSpec:
+    """``with_watermark(column, delay, idle_timeout)`` as a validated spec."""
+
+    column: str
+    delay_ms: int
+    idle_timeout_ms: int | None = None
+    max_future_skew_ms: int | None = None
+    """Rows with event time more than this after the batch's processing time
+    do not advance the watermark (one clock-skewed device cannot make every
+    other row late); they are still processed and counted."""
+
+    @classmethod
+    def parse(
+        cls, column: str, delay: Any, idle_timeout: Any = None, max_future_skew: Any = None
+    ) -> WatermarkSpec:
+        if not isinstance(column, str) or not column:
+            raise PlanError(f"with_watermark needs a column name, got {column!r}")
+        return cls(
+            column,
+            parse_duration_ms(delay, what="with_watermark delay"),
+            None if idle_timeout is None else parse_duration_ms(idle_timeout, what="idle_timeout"),
+            None
+            if max_future_skew is None
+            else parse_duration_ms(max_future_skew, what="max_future_skew"),
+        )
+
+
+def event_time_ms(column: str, schema: pl.Schema) -> pl.Expr:
+    """An Int64 epoch-milliseconds expression for an event-time column."""
+    if column not in schema:
+        raise PlanError(
+            f"event-time column {column!r} is not in the stream; columns are {list(schema)}"
+        )
+    dtype = schema[column]
+    if isinstance(dtype, pl.Datetime):
+        return pl.col(column).dt.epoch("ms")
+    if dtype == pl.Date:
+        return pl.col(column).cast(pl.Datetime("ms")).dt.epoch("ms")
+    if dtype.is_integer():
+        return pl.col(column).cast(pl.Int64)
+    raise PlanError(
+        f"event-time column {column!r} has type {dtype}; it must be a Datetime, a Date, "
+        "or an integer of epoch milliseconds. Cast it with .with_columns(...) first."
+    )
+
+
+class WatermarkTracker:
+    """Per-partition maxima of every watermark node, and the resulting watermark."""
+
+    def __init__(self, specs: dict[str, WatermarkSpec], policy: WatermarkPolicy = "min") -> None:
+        self.specs = specs
+        self.policy = policy
+        self.current: int | None = None
+        # node id -> partition id -> {"max": ms, "seen": processing ms}
+        self.partitions: dict[str, dict[str, dict[str, int]]] = {nid: {} for nid in specs}
+
+    def observe(self, node_id: str, df: pl.DataFrame, batch_timestamp_ms: int) -> None:
+        """Fold one batch's rows at a watermark node into the per-partition maxima."""
+        spec = self.specs[node_id]
+        if df.height == 0:
+            return
+        ts = event_time_ms(spec.column, df.schema)
+        part = (
+            pl.col(PARTITION_COLUMN).cast(pl.String)
+            if PARTITION_COLUMN in df.columns
+            else pl.lit("0")
+        )
+        rows = df.lazy().select(part.alias("p"), ts.alias("t")).drop_nulls("t")
+        if spec.max_future_skew_ms is not None:
+            rows = rows.filter(pl.col("t") <= batch_timestamp_ms + spec.max_future_skew_ms)
+        maxima = collect(rows.group_by("p").agg(pl.col("t").max()))
+        seen = self.partitions[node_id]
+        for p, t in maxima.iter_rows():  # one row per partition, not per record
+            entry = seen.setdefault(str(p), {"max": int(t), "seen": batch_timestamp_ms})
+            entry["max"] = max(entry["max"], int(t))
+            entry["seen"] = batch_timestamp_ms
+
+    def partition_report(self, batch_ms: int) -> list[dict[str, Any]]:
+        """Per node and partition, what holds the watermark where it is (for the
+        progress record; at most :data:`MAX_REPORTED_PARTITIONS` entries)."""
+        out: list[dict[str, Any]] = []
+        for nid, spec in self.specs.items():
+            node_wm = self.node_watermark(nid, batch_ms)
+            for pid, seen in sorted(self.partitions.get(nid, {}).items()):
+                idle_ms = batch_ms - seen["seen"]
+                idle = spec.idle_timeout_ms is not None and idle_ms > spec.idle_timeout_ms
+                out.append(
+                    {
+                        "node": nid,
+                        "column": spec.column,
+                        "partition": pid,
+                        "max_event_time_ms": seen["max"],
+                        "last_rows_at_ms": seen["seen"],
+                        "idle_ms": idle_ms,
+                        "idle": idle,
+                        "holding": not idle and seen["max"] - spec.delay_ms == node_wm,
+                    }
+                )
+                if len(out) >= MAX_REPORTED_PARTITIONS:
+                    return out
+        return out
+
+    def node_watermark(self, node_id: str, now_ms: int) -> int | None:
+        """The watermark of one node: min over active partitions of max - delay."""
+        spec = self.specs[node_id]
+        parts = self.partitions[node_id]
+        if not parts:
+            return None
+        active = [
+            p["max"]
+            for p in parts.values()
+            if spec.idle_timeout_ms is None or now_ms - p["seen"] <= spec.idle_timeout_ms
+        ]
+        # every partition idle: nothing holds the watermark back any more
+        candidates = active or [p["max"] for p in parts.values()]
+        return min(candidates) - spec.delay_ms
+
+    def advance(self, now_ms: int) -> int | None:
+        """Recompute the watermark after a batch; it never moves backwards."""
+        values = [self.node_watermark(nid, now_ms) for nid in self.specs]
+        known = [v for v in values if v is not None]
+        if not known or (self.policy == "min" and len(known) < len(values)):
+            return self.current
+        new = min(known) if self.policy == "min" else max(known)
+        if self.current is None or new > self.current:
+            self.current = new
+        return self.current
+
+    def to_json(self) -> dict[str, Any]:
+        return {"watermark_ms": self.current, "partitions": self.partitions}
+
+    def restore(self, doc: dict[str, Any] | None) -> None:
+        """Load the state written to ``commits/N``."""
+        if not doc:
+            return
+        self.current = doc.get("watermark_ms")
+        for nid, parts in (doc.get("partitions") or {}).items():
+            if nid in self.partitions:
+                self.partitions[nid] = {p: dict(v) for p, v in parts.items()}

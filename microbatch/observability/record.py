@@ -1,0 +1,201 @@
+"""The progress record of one batch: every figure of DESIGN.md's Observability.
+
+:func:`progress_record` is step 7 of the batch lifecycle: after ``commits/N``
+the engine pushes a :class:`BatchFacts` (it never hands over itself, so this
+module cannot depend on the engine). The record is a
+plain JSON dict (``json.dumps`` works without a ``default``), kept in
+``query.recent_progress``, written to ``chk/progress/N`` and logged as one
+JSON line on the ``microbatch.observability.progress`` logger. Fields:
+
+- ``batch_id``, ``timestamp_ms``: the batch and its recorded processing time;
+- ``input_rows``; ``input_rows_per_second`` (rows / time since the previous
+  batch of this run); ``processed_rows_per_second`` (rows / this batch's
+  duration);
+- ``duration_ms``: per lifecycle step, and ``total``;
+- ``trigger_interval_ms`` (``None`` unless a processing-time interval) and
+  ``falling_behind`` (the batch took longer than the interval);
+- ``watermark_ms`` (in force for the batch), ``next_watermark_ms`` (after
+  it), ``watermark_lag_ms`` (wall clock minus ``watermark_ms``);
+- ``watermark_partitions``: per watermark node and partition, the newest
+  event time, how long it has had no rows, idle, and whether it holds the
+  watermark;
+- ``sources[i].lag``: not yet read, per partition: records (files for a
+  files source) and the age of the oldest in seconds (see
+  :mod:`microbatch.observability.source_lag`); ``source_lag_records`` (total) and
+  ``source_lag_seconds`` (oldest) over the sources;
+- ``state``: per operator, rows, bytes, commit time, late rows, ``eviction``
+  (``"watermark"`` or ``"none"``)…; ``state_rows``, ``state_bytes`` totals;
+- ``late_rows``, ``dead_letter_rows``: this batch's;
+- ``sink``: output rows, write time and latency; ``latency_ms``:
+  ``{"column", "rows", "max_ms", "median_ms"}`` of now minus event time of
+  the rows the sink took (see :mod:`microbatch.observability.latency`), or ``None``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+from microbatch.observability.source_lag import source_lag
+from microbatch.sources.base import Offset, Source
+
+__all__ = ["BatchFacts", "progress_record"]
+
+log = logging.getLogger("microbatch.progress")
+
+_AFTER_COMMIT = ("version", "commit_ms", "changelog_bytes", "snapshot_written")
+"""State-store figures only known once the state version is committed."""
+
+
+@dataclass(frozen=True)
+class BatchFacts:
+    """What the engine knows about a batch once it is committed: pushed by
+    step 7 of the lifecycle, the only input of :func:`progress_record`."""
+
+    query_id: str
+    run_id: str
+    name: str | None
+    trigger: str
+    interval_ms: int | None
+    """The processing-time trigger's interval; ``None`` for once/available-now,
+    ``0`` (back to back) is reported as ``None``."""
+    batch_id: int
+    timestamp_ms: int
+    recovered: bool
+    watermark_ms: int | None
+    next_watermark_ms: int | None
+    durations_ms: Mapping[str, float]
+    ranges: Mapping[str, tuple[Offset, Offset]]
+    sources: Mapping[str, Source]
+    input_rows: Mapping[str, int]
+    output_rows: int
+    dead_letter_rows: int
+    late_rows: int
+    state: Mapping[str, Mapping[str, Any]]
+    """Per operator: the batch's figures (late rows, keys updated...)."""
+    state_committed: Mapping[str, Mapping[str, Any]]
+    """Per operator: the store's figures after the commit (rows, bytes, version...)."""
+    eviction: Mapping[str, str]
+    """Per operator: ``"watermark"`` or ``"none"`` (its state only grows)."""
+    watermark_partitions: Sequence[Mapping[str, Any]]
+    sink_description: Mapping[str, Any]
+    latency: Mapping[str, Any] | None
+    previous: Mapping[str, Any] | None
+    """The progress record of the batch before (``None`` for the first one)."""
+
+
+def progress_record(facts: BatchFacts, *, now_ms: int) -> dict[str, Any]:
+    """The progress record of a batch as of ``now_ms`` (the fields are listed in
+    the module docstring)."""
+    f = facts
+    total_ms = sum(f.durations_ms.values())
+    rows = sum(f.input_rows.values())
+    previous = f.previous
+    since_last_s = (
+        (f.timestamp_ms - previous["timestamp_ms"]) / 1000
+        if previous and previous.get("run_id") == f.run_id
+        else None
+    )
+    sources = [_source_entry(f, sid, span, now_ms) for sid, span in f.ranges.items()]
+    state = _state(f.state, f.state_committed)
+    for op_id, kind in f.eviction.items():
+        if op_id in state:
+            state[op_id]["eviction"] = kind
+    latency = _jsonable(f.latency) if f.latency is not None else None
+    lags = [s["lag"] for s in sources if s.get("lag")]
+    lag_records = [lag["records"] for lag in lags if lag.get("records") is not None]
+    lag_seconds = [lag["seconds"] for lag in lags if lag.get("seconds") is not None]
+    interval_ms = f.interval_ms
+    return {
+        "query_id": f.query_id,
+        "run_id": f.run_id,
+        "name": f.name,
+        "batch_id": f.batch_id,
+        "timestamp_ms": f.timestamp_ms,
+        "reported_at_ms": now_ms,
+        "recovered": f.recovered,
+        "trigger": f.trigger,
+        "trigger_interval_ms": interval_ms or None,
+        "input_rows": rows,
+        "input_rows_per_second": round(rows / since_last_s, 1) if since_last_s else None,
+        "processed_rows_per_second": round(rows / (total_ms / 1000), 1) if total_ms else None,
+        "output_rows": f.output_rows,
+        "dead_letter_rows": f.dead_letter_rows,
+        "late_rows": f.late_rows,
+        "watermark_ms": f.watermark_ms,
+        "next_watermark_ms": f.next_watermark_ms,
+        "watermark_lag_ms": (
+            now_ms - f.watermark_ms if f.watermark_ms is not None else None
+        ),
+        "watermark_partitions": [dict(p) for p in f.watermark_partitions],
+        "duration_ms": {**f.durations_ms, "total": round(total_ms, 3)},
+        "falling_behind": bool(interval_ms and total_ms > interval_ms),
+        "sources": sources,
+        "source_lag_records": sum(lag_records) if lag_records else None,
+        "source_lag_seconds": max(lag_seconds) if lag_seconds else None,
+        "state": state,
+        "state_rows": sum(int(m.get("rows") or 0) for m in state.values()),
+        "state_bytes": sum(int(m.get("bytes") or 0) for m in state.values()),
+        "sink": {
+            "description": _jsonable(f.sink_description),
+            "output_rows": f.output_rows,
+            "write_ms": f.durations_ms.get("sink"),
+            "latency_ms": latency,
+        },
+        "latency_ms": latency,
+    }
+
+
+def _source_entry(
+    facts: BatchFacts, sid: str, span: tuple[Any, Any], now_ms: int
+) -> dict[str, Any]:
+    start, end = span
+    source = facts.sources[sid]
+    entry: dict[str, Any] = {
+        "id": sid,
+        "description": source.describe(),
+        "start_offset": start,
+        "end_offset": end,
+        "input_rows": facts.input_rows.get(sid, 0),
+        "lag": source_lag(source, end, now_ms),
+    }
+    try:
+        extra = source.metrics()
+    except Exception as exc:  # informational only: never fail a committed batch
+        log.warning("could not read the metrics of source %s: %s", sid, exc)
+        extra = {}
+    if extra:
+        entry["metrics"] = _jsonable(extra)
+    return entry
+
+
+def _state(
+    during: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Per operator: the batch's figures, plus what only the commit knows."""
+    out: dict[str, dict[str, Any]] = {}
+    for op_id in dict.fromkeys([*during, *after]):
+        merged = dict(during.get(op_id) or {})
+        committed = after.get(op_id) or {}
+        merged.update({k: committed[k] for k in _AFTER_COMMIT if k in committed})
+        for key in ("rows", "bytes"):
+            if key not in merged and key in committed:
+                merged[key] = committed[key]
+        out[op_id] = _jsonable(merged)
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with numpy scalars and paths turned into JSON values."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, PurePath):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        return value.item()
+    return value

@@ -1,0 +1,270 @@
+"""The logical plan: an immutable tree of nodes that a stream describes.
+
+A :class:`Stream` is a plan; nothing runs until a query starts. The
+executor walks the tree once per batch, feeding each source node the rows
+read for that batch. Stateless steps are Polars operations on a
+``LazyFrame``, so one batch is optimized and collected as a whole.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from microbatch.engine.watermark import WatermarkSpec
+from microbatch.frames import collect
+from microbatch.plan.aggregates import AggSpec
+from microbatch.plan.joins import AsOfJoinSpec, IntervalJoinSpec, StaticJoinSpec, WindowJoinSpec
+from microbatch.plan.windows import SessionWindowSpec, WindowSpec
+from microbatch.sources.base import Source
+
+
+class PlanNode(ABC):
+    """A node of the logical plan."""
+
+    @property
+    @abstractmethod
+    def children(self) -> tuple[PlanNode, ...]:
+        """Inputs of this node (empty for sources)."""
+
+    @abstractmethod
+    def label(self) -> str:
+        """One line for ``explain()``."""
+
+    def walk(self) -> Iterator[PlanNode]:
+        """This node and all below it, depth first, children in order."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+    def sources(self) -> list[Source]:
+        """The plan's sources in a stable order (their ids are the positions)."""
+        return [node.source for node in self.walk() if isinstance(node, SourceNode)]
+
+    def explain(self, indent: int = 0) -> str:
+        """The plan as an indented tree, root first."""
+        lines = ["  " * indent + self.label()]
+        lines += [child.explain(indent + 1) for child in self.children]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, eq=False)
+class SourceNode(PlanNode):
+    """Rows read from one source for the current batch."""
+
+    source: Source
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return ()
+
+    def label(self) -> str:
+        desc = self.source.describe()
+        rest = ", ".join(f"{k}={v}" for k, v in desc.items() if k != "kind" and v is not None)
+        return f"Source[{desc.get('kind', '?')}]({rest})"
+
+
+@dataclass(frozen=True)
+class Step:
+    """A stateless operation on a batch: ``apply(lazy_frame) -> lazy_frame``."""
+
+    name: str
+    args: tuple[Any, ...]
+    apply: Callable[[pl.LazyFrame], pl.LazyFrame] = field(compare=False, repr=False)
+
+    def label(self) -> str:
+        shown = ", ".join(_short(a) for a in self.args)
+        return f"{self.name}({shown})"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = getattr(value, "__qualname__", None) or str(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True, eq=False)
+class StepNode(PlanNode):
+    """A stateless step applied to the child's rows."""
+
+    child: PlanNode
+    step: Step
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        return self.step.label()
+
+
+def map_batches_step(fn: Callable[[pl.DataFrame], pl.DataFrame]) -> Step:
+    """The escape hatch: ``fn`` sees each batch as one whole ``DataFrame``."""
+
+    def apply(lf: pl.LazyFrame) -> pl.LazyFrame:
+        out = fn(collect(lf))
+        if not isinstance(out, pl.DataFrame):
+            raise TypeError(
+                f"map_batches function {_short(fn)} returned {type(out).__name__}; "
+                "it must return a polars DataFrame"
+            )
+        return out.lazy()
+
+    return Step("map_batches", (fn,), apply)
+
+
+def expr_step(name: str, method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Step:
+    """A step that calls ``LazyFrame.<method>(*args, **kwargs)``."""
+
+    def apply(lf: pl.LazyFrame) -> pl.LazyFrame:
+        return getattr(lf, method)(*args, **kwargs)
+
+    shown = tuple(args) + tuple(f"{k}={v}" for k, v in kwargs.items())
+    return Step(name, shown, apply)
+
+
+@dataclass(frozen=True, eq=False)
+class WatermarkNode(PlanNode):
+    """Rows pass through; their event times advance the watermark."""
+
+    child: PlanNode
+    spec: WatermarkSpec
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        idle = f", idle_timeout={self.spec.idle_timeout_ms}ms" if self.spec.idle_timeout_ms else ""
+        return f"Watermark({self.spec.column}, delay={self.spec.delay_ms}ms{idle})"
+
+
+@dataclass(frozen=True, eq=False)
+class AggregateNode(PlanNode):
+    """A streaming ``group_by([window], *keys).agg(...)``; keeps state."""
+
+    child: PlanNode
+    window: WindowSpec | SessionWindowSpec | None
+    keys: tuple[str, ...]
+    aggs: tuple[AggSpec, ...]
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        win = ""
+        if self.window is not None:
+            win = ", ".join(f"{k}={v}" for k, v in self.window.describe().items()) + "; "
+        aggs = ", ".join(f"{a.kind}({a.column or ''}) as {a.output}" for a in self.aggs)
+        return f"Aggregate[{win}keys={list(self.keys)}]({aggs})  [stateful]"
+
+    def output_keys(self) -> list[str]:
+        """Columns that identify an output row (for update-mode sinks)."""
+        win = ["window_start", "window_end"] if self.window is not None else []
+        return win + list(self.keys)
+
+
+@dataclass(frozen=True, eq=False)
+class DedupeNode(PlanNode):
+    """``drop_duplicates(subset, within)``: first row per key; keeps state."""
+
+    child: PlanNode
+    subset: tuple[str, ...]
+    within_ms: int
+    time_column: str
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        return (
+            f"DropDuplicates(subset={list(self.subset)}, within={self.within_ms}ms, "
+            f"time={self.time_column})  [stateful]"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class IntervalJoinNode(PlanNode):
+    """Stream-stream interval join of two inputs; keeps state on both sides."""
+
+    left: PlanNode
+    right: PlanNode
+    spec: IntervalJoinSpec
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.left, self.right)
+
+    def label(self) -> str:
+        s = self.spec
+        return (
+            f"IntervalJoin[{s.how}](on={list(s.on)}, {s.right_time} in [{s.left_time} "
+            f"{s.lower_ms:+d}ms, {s.left_time} {s.upper_ms:+d}ms])  [stateful]"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class WindowJoinNode(PlanNode):
+    """Two append-mode windowed aggregations joined per window (batch-local)."""
+
+    left: PlanNode
+    right: PlanNode
+    spec: WindowJoinSpec
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.left, self.right)
+
+    def label(self) -> str:
+        return f"WindowJoin[{self.spec.how}](on={list(self.spec.on)})"
+
+
+@dataclass(frozen=True, eq=False)
+class AsOfJoinNode(PlanNode):
+    """Events enriched with a changelog stream's version as of their time; keeps state."""
+
+    left: PlanNode
+    right: PlanNode
+    spec: AsOfJoinSpec
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.left, self.right)
+
+    def label(self) -> str:
+        s = self.spec
+        return (
+            f"AsOfJoin[{s.how}](on={list(s.on)}, {s.time} >= {s.dim_time}, latest version)"
+            "  [stateful]"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class StaticJoinNode(PlanNode):
+    """The child's rows joined with a static table, re-read when it changes."""
+
+    child: PlanNode
+    spec: StaticJoinSpec
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        desc = ", ".join(f"{k}={v}" for k, v in self.spec.table.describe().items())
+        return f"StaticJoin[{self.spec.how}](on={list(self.spec.on)}, {desc})"
+
+
+JOIN_NODES = (IntervalJoinNode, WindowJoinNode, AsOfJoinNode, StaticJoinNode)
+"""Every join node type."""
+
+
+def is_aggregated(plan: PlanNode) -> bool:
+    """True when ``plan`` contains a streaming aggregation."""
+    return any(isinstance(node, AggregateNode) for node in plan.walk())
