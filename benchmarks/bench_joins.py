@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 import microbatch as mb
-from sinks.base import Sink
+from sinks.base import BatchContext, Sink
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TS = pl.Datetime("ms", "UTC")
@@ -41,10 +41,12 @@ class CountSink(Sink):
         self.rows = 0
         self.batches: set[int] = set()
 
-    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
-        if batch_id not in self.batches:
-            self.batches.add(batch_id)
-            self.rows += df.height
+    def is_written(self, batch: BatchContext) -> bool:
+        return batch.batch_id in self.batches
+
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        self.batches.add(batch.batch_id)
+        self.rows += df.height
 
 
 def events(n: int, *, users: int, span_ms: int, seed: int, disorder_ms: int) -> pl.DataFrame:

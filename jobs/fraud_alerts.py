@@ -91,7 +91,7 @@ def alert_sinks(params: dict[str, str], bootstrap: str) -> Sink:
     else:
         table = ParquetSink(output)
     topic = KafkaSink(params.get("alerts_topic", "fraud-alerts"), bootstrap=bootstrap,
-                      key="card_id", mode="exactly_once")
+                      key="card_id", delivery_guarantee="exactly_once")
     return FanOutSink([topic, table])
 
 

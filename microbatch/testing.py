@@ -38,7 +38,7 @@ from microbatch.checkpoint import Checkpoint
 from microbatch.engine.execution import MicroBatchExecution
 from microbatch.engine.executor import validate_joins
 from microbatch.plan.triggers import ProcessingTime
-from sinks.base import OutputMode, Sink
+from sinks.base import BatchContext, OutputMode, Sink
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -49,8 +49,11 @@ class _CollectSink(Sink):
     def __init__(self) -> None:
         self.batches: dict[int, pl.DataFrame] = {}
 
-    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
-        self.batches.setdefault(batch_id, df)
+    def is_written(self, batch: BatchContext) -> bool:
+        return batch.batch_id in self.batches
+
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        self.batches[batch.batch_id] = df
 
     def rows(self, since: int = 0) -> pl.DataFrame:
         frames = [df for bid, df in sorted(self.batches.items()) if bid >= since and df.width]

@@ -19,7 +19,7 @@ engine, so the sinks can be used and tested on their own.
 
 from __future__ import annotations
 
-from sinks.base import OutputMode, Sink, SinkContext
+from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.console import ConsoleSink
 from sinks.delta import DeltaSink
 from sinks.exceptions import SinkConfigError, SinkError
@@ -36,6 +36,7 @@ from sinks.memory import (
 from sinks.parquet import ParquetSink, committed_files, read_parquet_output
 
 __all__ = [
+    "BatchContext",
     "ConsoleSink",
     "DeltaSink",
     "FanOutSink",

@@ -1,14 +1,23 @@
-"""The protocol every sink implements.
+"""The protocol every sink implements, and the base class that owns it.
 
 The engine calls ``open`` once per run, then ``add_batch(batch_id, df)`` for
 each batch, in increasing batch id order, possibly repeating the last batch
-id after a crash. A sink must make a repeated call with an id it already
-stored a no-op: that is what turns at-least-once replays into exactly-once
-output.
+id after a crash, and ``close`` at the end. A repeated call with an id already
+stored must be a no-op: that is what turns at-least-once replays into
+exactly-once output.
+
+:class:`Sink` owns that protocol (Quix Streams' ``BaseSink`` shape): ``add_batch``
+refuses a sink that was not opened and a negative id, builds the
+:class:`BatchContext`, asks :meth:`Sink.is_written` (the sink's durable record
+of what it stored: a manifest entry, a Delta app transaction, a Kafka marker)
+and calls :meth:`Sink.write` only for a batch not stored yet. A sink implements
+``write`` and, when it can tell, ``is_written``; ``on_open``/``close`` if it
+holds resources.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +25,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import polars as pl
+
+from sinks.exceptions import SinkConfigError, SinkError
+
+__all__ = ["BatchContext", "OutputMode", "Sink", "SinkContext"]
+
+log = logging.getLogger("sinks")
 
 OutputMode = Literal["append", "update", "complete"]
 
@@ -42,17 +57,96 @@ class SinkContext:
             self.fault_point(name, batch_id)
 
 
+@dataclass(frozen=True)
+class BatchContext:
+    """What a sink knows while it stores one batch."""
+
+    run: SinkContext
+    batch_id: int
+
+    @property
+    def query_id(self) -> str:
+        return self.run.query_id
+
+    @property
+    def output_mode(self) -> OutputMode:
+        return self.run.output_mode
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return self.run.key_columns
+
+    def at(self, name: str) -> None:
+        """Signal fault point ``name`` of this batch (see :attr:`SinkContext.fault_point`)."""
+        self.run.at(name, self.batch_id)
+
+
 class Sink(ABC):
-    """Receives each batch's result rows; idempotent per batch id."""
+    """Receives each batch's result rows; idempotent per batch id.
+
+    Subclasses implement :meth:`write` (and :meth:`is_written` when they keep a
+    durable record of stored batches); they do not override :meth:`add_batch`.
+    """
 
     supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete")
+    mode_advice: str = ""
+    """Appended to the error for an unsupported output mode (what to use instead)."""
+    _ctx: SinkContext | None = None
+    skipped_batches: int = 0
+    """Batches that ``add_batch`` found already stored (replays), this run."""
 
-    def open(self, ctx: SinkContext) -> None:  # noqa: B027 - optional hook
+    @property
+    def label(self) -> str:
+        """How errors name this sink, e.g. ``ParquetSink('out/')``."""
+        return type(self).__name__
+
+    @property
+    def context(self) -> SinkContext:
+        """The run's context; raises when the sink was not opened."""
+        if self._ctx is None:
+            raise SinkError(f"{self.label} is not open; the engine opens sinks before a batch")
+        return self._ctx
+
+    def open(self, ctx: SinkContext) -> None:
         """Bind to a query before the first ``add_batch`` of a run."""
+        if ctx.output_mode not in self.supported_modes:
+            raise SinkConfigError(
+                f"{self.label} does not support output_mode={ctx.output_mode!r}; it supports "
+                f"{', '.join(self.supported_modes)}. {self.mode_advice}".rstrip()
+            )
+        self._ctx = ctx
+        self.skipped_batches = 0
+        self.on_open(ctx)
 
-    @abstractmethod
+    def on_open(self, ctx: SinkContext) -> None:  # noqa: B027 - optional hook
+        """Acquire resources and check the destination (called by :meth:`open`)."""
+
     def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
         """Store ``df`` as the output of ``batch_id``; a no-op if already stored."""
+        if self._ctx is None:
+            raise SinkError(
+                f"{self.label}.add_batch({batch_id}) before open(ctx); "
+                "the engine opens sinks before the first batch"
+            )
+        if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
+            raise SinkError(f"{self.label}: batch ids are integers >= 0, got {batch_id!r}")
+        batch = BatchContext(self._ctx, batch_id)
+        if self.is_written(batch):
+            self.skipped_batches += 1
+            log.info("%s: batch %d is already stored; skipped", self.label, batch_id)
+            return
+        self.write(batch, df)
+
+    def is_written(self, batch: BatchContext) -> bool:
+        """True when ``batch`` is already stored (checked before each :meth:`write`).
+
+        The default, ``False``, suits a sink whose :meth:`write` is idempotent
+        by itself or that cannot know (an external system without a record)."""
+        return False
+
+    @abstractmethod
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        """Store ``df`` as ``batch``: durably, or raise (the batch is then re-run)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Flush and release resources."""

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 import polars as pl
 
-from sinks.base import Sink, SinkContext
+from sinks.base import BatchContext, Sink
 from sinks.exceptions import SinkConfigError
 
 # ``pl.Config`` changes process-wide settings for the duration of a block:
@@ -47,22 +47,19 @@ class ConsoleSink(Sink):
         self.num_rows = num_rows
         self.truncate = truncate
         self.stream = stream
-        self._query_id: str | None = None
-        self._last_printed: dict[str | None, int] = {}
+        self._last_printed: dict[str, int] = {}
 
-    def open(self, ctx: SinkContext) -> None:
-        """Remember the query, so repeats are detected per query."""
-        self._query_id = ctx.query_id
+    def is_written(self, batch: BatchContext) -> bool:
+        """This sink object printed ``batch_id`` (or a later id) of the query."""
+        last = self._last_printed.get(batch.query_id)
+        return last is not None and batch.batch_id <= last
 
-    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
-        """Print the batch unless this sink already printed ``batch_id`` (or a later id)."""
-        last = self._last_printed.get(self._query_id)
-        if last is not None and batch_id <= last:
-            return
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        """Print the batch."""
         out = self.stream if self.stream is not None else sys.stdout
-        out.write(self.render(batch_id, df))
+        out.write(self.render(batch.batch_id, df))
         out.flush()
-        self._last_printed[self._query_id] = batch_id
+        self._last_printed[batch.query_id] = batch.batch_id
 
     def render(self, batch_id: int, df: pl.DataFrame) -> str:
         """The text printed for one batch: a header, then the frame."""

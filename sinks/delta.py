@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
-from sinks.base import OutputMode, Sink, SinkContext
+from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.exceptions import SinkConfigError, SinkError
 
 if TYPE_CHECKING:
@@ -156,15 +156,18 @@ class DeltaSink(Sink):
         self.last_commit: dict[str, Any] = {}
         """What the last ``add_batch`` did: ``batch_id``, ``skipped``, ``attempts``,
         ``version`` (the table version it committed) and ``commit_ms``."""
-        self._ctx: SinkContext | None = None
         self._table: DeltaTable | None = None
+        self._fresh = False
+        """The handle was refreshed by ``is_written`` for the batch being written."""
 
     # ------------------------------------------------------------------ protocol
 
-    def open(self, ctx: SinkContext) -> None:
-        """Bind to the query; check the output mode, keys and an existing table's layout."""
-        if ctx.output_mode not in self.supported_modes:
-            raise SinkConfigError(f"DeltaSink does not support output_mode={ctx.output_mode!r}")
+    @property
+    def label(self) -> str:
+        return f"DeltaSink({self.uri!r})"
+
+    def on_open(self, ctx: SinkContext) -> None:
+        """Check the keys and an existing table's layout."""
         if ctx.output_mode == "update" and not (self.merge_keys or ctx.key_columns):
             raise SinkConfigError(
                 f"Delta table {self.uri}: output_mode='update' upserts rows by key, and this "
@@ -173,41 +176,45 @@ class DeltaSink(Sink):
             )
         if not ctx.query_id:
             raise SinkConfigError("DeltaSink needs a query id (the app id of its transactions)")
-        self._ctx = ctx
         self._table = self._load()
+        self._fresh = False
         if self._table is not None:
             self._check_partitioning(self._table)
 
-    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
-        """Commit ``df`` as batch ``batch_id``; a no-op if the table already has it."""
-        ctx = self._ctx
-        if ctx is None:
-            raise SinkError(
-                f"DeltaSink({self.uri!r}).add_batch({batch_id}) before open(ctx); "
-                "the engine opens sinks before the first batch"
-            )
-        if batch_id < 0:
-            raise SinkError(f"batch ids are never negative, got {batch_id}")
-        mode = ctx.output_mode
+    def is_written(self, batch: BatchContext) -> bool:
+        """The table's app transaction of this query is at or past the batch id."""
+        started = time.perf_counter()
+        table = self._refresh()
+        self._fresh = True
+        if not _has_batch(table, batch):
+            return False
+        self._record(batch.batch_id, skipped=True, attempts=1, started=started)
+        return True
+
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        """Commit ``df`` as one table version carrying the app transaction
+        ``(query id, batch id)``; on a commit conflict reload and try again."""
+        batch_id, mode = batch.batch_id, batch.output_mode
         data = delta_frame(df, batch_id=batch_id, uri=self.uri)
-        keys = self.merge_keys or ctx.key_columns
+        keys = self.merge_keys or batch.key_columns
         if mode == "update":
             _check_keys(data, keys, batch_id, self.uri)
         started = time.perf_counter()
         last_error: Exception | None = None
         for attempt in range(1, self.max_attempts + 1):
-            table = self._refresh()
+            # NOTE: is_written() just refreshed the handle for the first attempt
+            table = self._table if self._fresh else self._refresh()
+            self._fresh = False
             if table is None:
                 table = self._create(data, batch_id)
-            done = table.transaction_version(ctx.query_id)
-            if done is not None and done >= batch_id:
+            elif attempt > 1 and _has_batch(table, batch):  # a racing writer of ours won
                 self._record(batch_id, skipped=True, attempts=attempt, started=started)
                 return
             if data.height == 0 and mode != "complete":
                 self._record(batch_id, skipped=False, attempts=attempt, started=started)
                 return
             aligned = self._align(table, data, batch_id)
-            ctx.at("sink.before_commit", batch_id)
+            batch.at("sink.before_commit")
             try:
                 self._commit(table, aligned, batch_id, mode, keys)
             except Exception as exc:
@@ -219,7 +226,7 @@ class DeltaSink(Sink):
                 self._table = None  # reload from scratch: never reuse a handle that lost
                 continue
             self._record(batch_id, skipped=False, attempts=attempt, started=started)
-            ctx.at("sink.after_commit", batch_id)
+            batch.at("sink.after_commit")
             self._maybe_optimize(batch_id)
             return
         raise SinkError(
@@ -335,8 +342,7 @@ class DeltaSink(Sink):
         """Step 5: one Delta commit holding the data and the app transaction."""
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        assert self._ctx is not None
-        props = CommitProperties(app_transactions=[Transaction(self._ctx.query_id, batch_id)])
+        props = CommitProperties(app_transactions=[Transaction(self.context.query_id, batch_id)])
         arrow = _arrow(data)
         evolve = self.schema_mode == "merge"
         if mode == "update":
@@ -575,3 +581,11 @@ def _short(exc: BaseException, limit: int = 400) -> str:
         kept.append(line.strip())
     text = " ".join(kept) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _has_batch(table: DeltaTable | None, batch: BatchContext) -> bool:
+    """``table`` carries the app transaction of ``batch``'s query at or past its id."""
+    if table is None:
+        return False
+    done = table.transaction_version(batch.query_id)
+    return done is not None and done >= batch.batch_id

@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from sinks.base import OutputMode, Sink, SinkContext
+from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.exceptions import SinkConfigError
 
 
@@ -30,15 +30,16 @@ class FanOutSink(Sink):
             m for m in ("append", "update", "complete") if m in modes
         )
 
-    def open(self, ctx: SinkContext) -> None:
+    def on_open(self, ctx: SinkContext) -> None:
         """Open every sink with the same context (the same query id)."""
         for sink in self.sinks:
             sink.open(ctx)
 
-    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
-        """Give ``df`` to every sink; the first failure fails the batch."""
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        """Give ``df`` to every sink (each skips a batch it has); the first failure
+        fails the batch."""
         for sink in self.sinks:
-            sink.add_batch(batch_id, df)
+            sink.add_batch(batch.batch_id, df)
 
     def close(self) -> None:
         """Close every sink (all of them, even when one fails)."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from sinks.base import Sink, SinkContext
+from sinks.base import BatchContext, Sink
 from sinks.exceptions import SinkConfigError, SinkError
 
 BatchFunction = Callable[[pl.DataFrame, int], object]
@@ -33,18 +33,16 @@ class ForeachBatchSink(Sink):
                 f"foreach_batch needs a function fn(df, batch_id), got {type(fn).__name__}"
             )
         self.fn = fn
-        self._query_id: str | None = None
-        self._last_done: dict[str | None, int] = {}
+        self._last_done: dict[str, int] = {}
 
-    def open(self, ctx: SinkContext) -> None:
-        """Remember the query, so repeats are detected per query."""
-        self._query_id = ctx.query_id
+    def is_written(self, batch: BatchContext) -> bool:
+        """``fn`` already returned for ``batch_id`` (or a later id) of the query."""
+        last = self._last_done.get(batch.query_id)
+        return last is not None and batch.batch_id <= last
 
-    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
-        """Call ``fn(df, batch_id)`` unless it already returned for ``batch_id`` (or later)."""
-        last = self._last_done.get(self._query_id)
-        if last is not None and batch_id <= last:
-            return
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        """Call ``fn(df, batch_id)``."""
+        batch_id = batch.batch_id
         try:
             self.fn(df, batch_id)
         except Exception as exc:
@@ -52,7 +50,7 @@ class ForeachBatchSink(Sink):
                 f"foreach_batch function {_name(self.fn)} failed on batch {batch_id}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        self._last_done[self._query_id] = batch_id
+        self._last_done[batch.query_id] = batch_id
 
     def describe(self) -> dict[str, Any]:
         """The sink kind and the function's qualified name."""

@@ -1,6 +1,6 @@
 """A Kafka topic as a sink: one transaction per batch (exactly once), or headers to dedupe.
 
-``mode="exactly_once"`` (default) gives exactly-once *effect* for consumers
+``delivery_guarantee="exactly_once"`` (default) gives exactly-once *effect* for consumers
 reading with ``isolation.level=read_committed``. Protocol for batch ``N``
 (NOTE: the order is what makes it exactly-once):
 
@@ -23,7 +23,7 @@ run aborts; a crash after 5 leaves a marker that step 2 reads, so the replay
 is a no-op. Any delivery failure fails the transaction and so the batch
 (retried from the write-ahead log on restart); nothing is dropped.
 
-``mode="at_least_once"``: no transactions; each record carries the headers
+``delivery_guarantee="at_least_once"``: no transactions; each record carries the headers
 ``mb_query_id``, ``mb_batch_id`` and ``mb_row`` (its row number in the
 batch), so a consumer can drop the duplicates a replay may write. Every
 delivery is confirmed (``flush`` and delivery reports) before ``add_batch``
@@ -37,18 +37,20 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import polars as pl
 
-from sinks.base import Sink, SinkContext
+from sinks.base import BatchContext, Sink, SinkContext
 from sinks.exceptions import SinkConfigError, SinkError
 from sinks.kafka_common import check_config, client_log, redact
 
 log = logging.getLogger("sinks.kafka")
 
-DeliveryMode = Literal["exactly_once", "at_least_once"]
+DeliveryGuarantee = Literal["exactly_once", "at_least_once"]
+"""As Flink's ``sink.delivery-guarantee``."""
 ValueFormat = Literal["json", "raw"]
 DEFAULT_COMMIT_TOPIC = "microbatch-sink-commits"
 """The bookkeeping topic (one partition) whose group offsets mark committed batches."""
@@ -68,17 +70,20 @@ class KafkaSink(Sink):
     key
         Column name or Polars expression for the record key (cast to text,
         or bytes as they are); ``None`` for no key.
-    value_format
+    format
         ``"json"``: every column of the row as one JSON object (datetimes in
-        ISO-8601); ``"raw"``: the ``value`` column (bytes or text) as is.
+        ISO-8601, decimals as exact strings); ``"raw"``: the ``value`` column
+        (bytes or text) as is.
     headers
         ``{header_name: column_or_expression}`` added to every record
         (values cast to text).
-    mode
+    delivery_guarantee
         ``"exactly_once"`` (a transaction per batch) or ``"at_least_once"``
         (dedupe headers).
     config
         Extra librdkafka settings for the producer (SASL/SSL...); never shown.
+    value_format, mode
+        Deprecated names of ``format`` and ``delivery_guarantee`` (removed in 0.3).
     commit_topic
         The bookkeeping topic for exactly-once markers (created with one
         partition when missing).
@@ -90,24 +95,31 @@ class KafkaSink(Sink):
         *,
         bootstrap: str,
         key: str | pl.Expr | None = None,
-        value_format: ValueFormat = "json",
+        format: ValueFormat = "json",
         headers: Mapping[str, str | pl.Expr] | None = None,
-        mode: DeliveryMode = "exactly_once",
+        delivery_guarantee: DeliveryGuarantee = "exactly_once",
         config: Mapping[str, Any] | None = None,
         commit_topic: str = DEFAULT_COMMIT_TOPIC,
+        value_format: ValueFormat | None = None,
+        mode: DeliveryGuarantee | None = None,
     ) -> None:
+        if value_format is not None:
+            _renamed("value_format", "format")
+            format = value_format
+        if mode is not None:
+            _renamed("mode", "delivery_guarantee")
+            delivery_guarantee = mode
         if not isinstance(topic, str) or not topic:
             raise SinkConfigError(f"write_kafka needs a topic name, got {topic!r}")
         if not isinstance(bootstrap, str) or not bootstrap:
             raise SinkConfigError("write_kafka needs bootstrap='host:port'")
-        if mode not in ("exactly_once", "at_least_once"):
+        if delivery_guarantee not in ("exactly_once", "at_least_once"):
             raise SinkConfigError(
-                f"write_kafka: mode must be 'exactly_once' or 'at_least_once', got {mode!r}"
+                "write_kafka: delivery_guarantee must be 'exactly_once' or 'at_least_once', "
+                f"got {delivery_guarantee!r}"
             )
-        if value_format not in ("json", "raw"):
-            raise SinkConfigError(
-                f"write_kafka: value_format must be 'json' or 'raw', got {value_format!r}"
-            )
+        if format not in ("json", "raw"):
+            raise SinkConfigError(f"write_kafka: format must be 'json' or 'raw', got {format!r}")
         try:
             self._config = check_config(config, reserved=_RESERVED)
         except ValueError as exc:
@@ -115,18 +127,16 @@ class KafkaSink(Sink):
         self.topic = topic
         self.bootstrap = bootstrap
         self.key = pl.col(key) if isinstance(key, str) else key
-        self.value_format: ValueFormat = value_format
+        self.format: ValueFormat = format
         self.headers = {
             name: (pl.col(e) if isinstance(e, str) else e) for name, e in (headers or {}).items()
         }
-        self.mode: DeliveryMode = mode
+        self.delivery_guarantee: DeliveryGuarantee = delivery_guarantee
         self.commit_topic = commit_topic
-        self._ctx: SinkContext | None = None
         self._producer: Any = None
         self._reader: Any = None
         self._errors: list[str] = []
         self.batches_written = 0
-        self.batches_skipped = 0
 
     # ------------------------------------------------------------------ identity
 
@@ -141,9 +151,11 @@ class KafkaSink(Sink):
         return f"microbatch-sink-{self._query_id()}-{self.topic}"
 
     def _query_id(self) -> str:
-        if self._ctx is None:
-            raise SinkError("KafkaSink used before open(ctx)")
-        return self._ctx.query_id
+        return self.context.query_id
+
+    @property
+    def label(self) -> str:
+        return f"KafkaSink({self.topic!r})"
 
     def describe(self) -> dict[str, Any]:
         """Topic, mode and options; the config with secrets redacted."""
@@ -151,22 +163,23 @@ class KafkaSink(Sink):
             "kind": type(self).__name__,
             "topic": self.topic,
             "bootstrap": self.bootstrap,
-            "mode": self.mode,
-            "value_format": self.value_format,
+            "delivery_guarantee": self.delivery_guarantee,
+            "format": self.format,
             "key": None if self.key is None else str(self.key),
             "headers": sorted(self.headers),
-            "commit_topic": self.commit_topic if self.mode == "exactly_once" else None,
+            "commit_topic": (
+                self.commit_topic if self.delivery_guarantee == "exactly_once" else None
+            ),
             "config": redact(self._config),
         }
 
     # ------------------------------------------------------------------ lifecycle
 
-    def open(self, ctx: SinkContext) -> None:
+    def on_open(self, ctx: SinkContext) -> None:
         """Create the producer; in exactly-once mode fence older runs (init_transactions)."""
         from confluent_kafka import Consumer, KafkaException, Producer
 
         self.close()
-        self._ctx = ctx
         base = {**self._config, "bootstrap.servers": self.bootstrap, "logger": client_log}
         producer_cfg: dict[str, Any] = {
             "linger.ms": 20,
@@ -176,7 +189,7 @@ class KafkaSink(Sink):
             **base,
             "enable.idempotence": True,
         }
-        if self.mode == "exactly_once":
+        if self.delivery_guarantee == "exactly_once":
             producer_cfg["transactional.id"] = self.transactional_id
             producer_cfg.setdefault("transaction.timeout.ms", 60_000)
             self._ensure_commit_topic(base)
@@ -187,7 +200,7 @@ class KafkaSink(Sink):
         else:
             producer_cfg["on_delivery"] = self._on_delivery
         self._producer = Producer(producer_cfg)
-        if self.mode == "exactly_once":
+        if self.delivery_guarantee == "exactly_once":
             try:
                 self._producer.init_transactions(_TIMEOUT_S)
             except KafkaException as exc:
@@ -198,7 +211,7 @@ class KafkaSink(Sink):
 
     def close(self) -> None:
         """Flush (at-least-once) and close the clients."""
-        if self._producer is not None and self.mode == "at_least_once":
+        if self._producer is not None and self.delivery_guarantee == "at_least_once":
             self._producer.flush(10)
         if self._reader is not None:
             try:
@@ -209,22 +222,21 @@ class KafkaSink(Sink):
 
     # ------------------------------------------------------------------ writing
 
-    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
-        """Write batch ``batch_id`` (one transaction, or confirmed deliveries); a
-        no-op when its transaction already committed."""
-        ctx = self._ctx
-        if ctx is None or self._producer is None:
-            raise SinkError(f"KafkaSink({self.topic!r}).add_batch({batch_id}) before open(ctx)")
-        if self.mode == "at_least_once":
-            self._write_at_least_once(ctx, batch_id, df)
-            return
+    def is_written(self, batch: BatchContext) -> bool:
+        """Exactly once: the marker says the batch's transaction committed. At least
+        once: never (consumers dedupe on the ``mb_*`` headers)."""
+        if self.delivery_guarantee == "at_least_once":
+            return False
         last = self.last_committed_batch()
-        if last is not None and batch_id <= last:
-            self.batches_skipped += 1
-            log.info("kafka sink %s: batch %d already committed (last %d)", self.topic,
-                     batch_id, last)
-            return
-        self._write_transaction(ctx, batch_id, df)
+        return last is not None and batch.batch_id <= last
+
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        """One transaction with the rows and the batch's marker, or, at least once,
+        confirmed deliveries with dedupe headers."""
+        if self.delivery_guarantee == "at_least_once":
+            self._write_at_least_once(batch, df)
+        else:
+            self._write_transaction(batch, df)
 
     def last_committed_batch(self) -> int | None:
         """The last batch id whose transaction committed, read from the marker group."""
@@ -244,14 +256,15 @@ class KafkaSink(Sink):
             raise SinkError(f"KafkaSink({self.topic!r}): marker of {self.group_id!r}: {tp.error}")
         return None if tp.offset < 0 else tp.offset - 1
 
-    def _write_transaction(self, ctx: SinkContext, batch_id: int, df: pl.DataFrame) -> None:
+    def _write_transaction(self, batch: BatchContext, df: pl.DataFrame) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
+        batch_id = batch.batch_id
         producer = self._producer
         producer.begin_transaction()
         try:
             self._produce(df, headers=None)
-            ctx.at("sink.after_data", batch_id)
+            batch.at("sink.after_data")
             marker = json.dumps({"batch_id": batch_id, "query_id": self._query_id(),
                                  "rows": df.height})
             producer.send_offsets_to_transaction(
@@ -272,7 +285,7 @@ class KafkaSink(Sink):
             self._abort(batch_id)
             raise
         self.batches_written += 1
-        ctx.at("sink.after_commit", batch_id)
+        batch.at("sink.after_commit")
 
     def _abort(self, batch_id: int) -> None:
         try:
@@ -280,11 +293,12 @@ class KafkaSink(Sink):
         except Exception as exc:  # the next init_transactions aborts it anyway
             log.warning("kafka sink %s: abort of batch %d failed: %s", self.topic, batch_id, exc)
 
-    def _write_at_least_once(self, ctx: SinkContext, batch_id: int, df: pl.DataFrame) -> None:
+    def _write_at_least_once(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        batch_id = batch.batch_id
         self._errors = []
-        fixed = [("mb_query_id", ctx.query_id.encode()), ("mb_batch_id", str(batch_id).encode())]
+        fixed = [("mb_query_id", batch.query_id.encode()), ("mb_batch_id", str(batch_id).encode())]
         self._produce(df, headers=fixed)
-        ctx.at("sink.after_data", batch_id)
+        batch.at("sink.after_data")
         remaining = self._producer.flush(_TIMEOUT_S)
         if remaining or self._errors:
             first = self._errors[0] if self._errors else f"{remaining} record(s) unconfirmed"
@@ -294,7 +308,7 @@ class KafkaSink(Sink):
                 "retried on restart (consumers dedupe on mb_query_id/mb_batch_id/mb_row)"
             )
         self.batches_written += 1
-        ctx.at("sink.after_commit", batch_id)
+        batch.at("sink.after_commit")
 
     def _on_delivery(self, err: Any, _msg: Any) -> None:
         if err is not None:
@@ -354,10 +368,10 @@ class KafkaSink(Sink):
         producer.flush(_TIMEOUT_S)
 
     def _values(self, df: pl.DataFrame) -> list[bytes]:
-        if self.value_format == "raw":
+        if self.format == "raw":
             if "value" not in df.columns:
                 raise SinkError(
-                    f"KafkaSink({self.topic!r}) with value_format='raw' needs a 'value' "
+                    f"KafkaSink({self.topic!r}) with format='raw' needs a 'value' "
                     f"column; the batch has {df.columns}"
                 )
             return self._column_bytes(df, pl.col("value"))  # type: ignore[return-value]
@@ -400,3 +414,12 @@ class KafkaSink(Sink):
                     f"KafkaSink: cannot create the bookkeeping topic {self.commit_topic!r}: "
                     f"{exc.args[0]}"
                 ) from None
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(
+        f"write_kafka/KafkaSink: {old}= is deprecated and will be removed in 0.3; use {new}= "
+        "(the same option names as read_kafka and Flink's Kafka sink)",
+        DeprecationWarning,
+        stacklevel=3,
+    )

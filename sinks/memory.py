@@ -18,7 +18,7 @@ from typing import Any
 
 import polars as pl
 
-from sinks.base import OutputMode, Sink, SinkContext
+from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.exceptions import SinkConfigError, SinkError
 
 _FIRST_POS = "__microbatch_first_pos__"
@@ -84,11 +84,13 @@ class MemorySink(Sink):
             raise SinkConfigError(f"a memory table needs a non-empty name, got {name!r}")
         self.name = name
         self.schema = pl.Schema(schema) if schema is not None else None
-        self._ctx: SinkContext | None = None
 
-    def open(self, ctx: SinkContext) -> None:
+    @property
+    def label(self) -> str:
+        return f"MemorySink({self.name!r})"
+
+    def on_open(self, ctx: SinkContext) -> None:
         """Register the table, keeping its batches if the same query wrote them."""
-        self._ctx = ctx
         with _LOCK:
             table = _TABLES.get(self.name)
             if table is None or table.query_id != ctx.query_id:
@@ -99,16 +101,19 @@ class MemorySink(Sink):
                 if self.schema is not None:
                     table.schema = self.schema
 
-    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
-        """Store ``df`` as batch ``batch_id``; a no-op if that id is already stored."""
-        ctx = self._ctx
-        if ctx is None:
-            raise SinkError(
-                f"MemorySink({self.name!r}).add_batch({batch_id}) before open(ctx); "
-                "the engine opens sinks before the first batch"
+    def is_written(self, batch: BatchContext) -> bool:
+        """The table holds the batch id (for the same query)."""
+        with _LOCK:
+            table = _TABLES.get(self.name)
+            return table is not None and batch.batch_id in table.batches and (
+                table.query_id == batch.query_id
             )
-        if ctx.output_mode == "update":
-            missing = [c for c in ctx.key_columns if c not in df.columns]
+
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        """Store ``df`` as batch ``batch.batch_id``."""
+        batch_id = batch.batch_id
+        if batch.output_mode == "update":
+            missing = [c for c in batch.key_columns if c not in df.columns]
             if missing:
                 raise SinkError(
                     f"batch {batch_id} for memory table {self.name!r} lacks the key "
@@ -117,11 +122,11 @@ class MemorySink(Sink):
         with _LOCK:
             table = _TABLES.get(self.name)
             if table is None:  # dropped while the query runs: start afresh
-                table = _TABLES[self.name] = self._new_table(ctx)
-            elif table.query_id != ctx.query_id:
+                table = _TABLES[self.name] = self._new_table(batch.run)
+            elif table.query_id != batch.query_id:
                 raise SinkError(
                     f"memory table {self.name!r} now belongs to query {table.query_id}; "
-                    f"query {ctx.query_id} cannot write batch {batch_id} to it. "
+                    f"query {batch.query_id} cannot write batch {batch_id} to it. "
                     "Give each running query its own memory table name."
                 )
             if batch_id in table.batches:

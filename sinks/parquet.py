@@ -41,7 +41,7 @@ from urllib.parse import quote
 
 import polars as pl
 
-from sinks.base import OutputMode, Sink, SinkContext
+from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.exceptions import SinkConfigError, SinkError
 
 ParquetCompression = Literal["lz4", "uncompressed", "snappy", "gzip", "brotli", "zstd"]
@@ -78,6 +78,10 @@ class ParquetSink(Sink):
     """
 
     supported_modes: tuple[OutputMode, ...] = ("append",)
+    mode_advice = (
+        "Parquet files cannot be updated in place: use write_memory for update/complete "
+        "results, or write_delta (merge) to keep an upserted table."
+    )
 
     def __init__(
         self,
@@ -97,20 +101,16 @@ class ParquetSink(Sink):
         self.compression: ParquetCompression = compression
         self.partition_by: tuple[str, ...] = columns
         self._root = self.path.absolute()
-        self._ctx: SinkContext | None = None
         self._schema: dict[str, pl.DataType] | None = None
         """Columns of the last committed batch with rows: every batch keeps them."""
         self._schema_cache: tuple[tuple[tuple[str, pl.DataType], ...], str] | None = None
 
-    def open(self, ctx: SinkContext) -> None:
-        """Check the output mode and that the directory belongs to this query."""
-        if ctx.output_mode not in self.supported_modes:
-            raise SinkConfigError(
-                f"ParquetSink({str(self.path)!r}) supports only output_mode='append', "
-                f"not {ctx.output_mode!r}: Parquet files cannot be updated in place. "
-                "Use write_memory for update/complete results, or write_delta "
-                "(merge) to keep an upserted table."
-            )
+    @property
+    def label(self) -> str:
+        return f"ParquetSink({str(self.path)!r})"
+
+    def on_open(self, ctx: SinkContext) -> None:
+        """Check that the directory belongs to this query; learn its schema."""
         if self._root.exists() and not self._root.is_dir():
             raise SinkConfigError(f"Parquet output path {self._root} exists and is not a directory")
         (self._root / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
@@ -133,22 +133,20 @@ class ParquetSink(Sink):
                     "partitioning of an existing output, or write to a new directory."
                 )
         self._schema = _data_schema(entries)
-        self._ctx = ctx
 
-    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
-        """Write batch ``batch_id`` and commit it in the manifest; a no-op if committed."""
-        ctx = self._ctx
-        if ctx is None:
-            raise SinkError(
-                f"ParquetSink({str(self.path)!r}).add_batch({batch_id}) before open(ctx); "
-                "the engine opens sinks before the first batch"
-            )
-        if batch_id < 0:
-            raise SinkError(f"batch ids are never negative, got {batch_id}")
+    def is_written(self, batch: BatchContext) -> bool:
+        """The manifest has the batch's entry (a valid one: a corrupt commit record
+        must not pass silently)."""
+        entry = _entry_path(self._root, batch.batch_id)
+        if not entry.exists():
+            return False
+        _read_entry(entry, batch.batch_id)
+        return True
+
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        """Write the batch's data files, then commit them in the manifest."""
+        batch_id = batch.batch_id
         entry = _entry_path(self._root, batch_id)
-        if entry.exists():
-            _read_entry(entry, batch_id)  # a corrupt commit record must not pass silently
-            return
         if df.height and self._schema is not None and dict(df.schema) != self._schema:
             raise SinkError(
                 f"batch {batch_id} does not fit the Parquet output {self._root}: "
@@ -163,10 +161,10 @@ class ParquetSink(Sink):
             raise SinkError(
                 f"cannot write the data files of batch {batch_id} under {self._root}: {exc}"
             ) from exc
-        ctx.at("sink.after_data", batch_id)
+        batch.at("sink.after_data")
         body: dict[str, Any] = {
             "batch_id": batch_id,
-            "query_id": ctx.query_id,
+            "query_id": batch.query_id,
             "rows": df.height,
             "files": files,
             "partition_by": list(self.partition_by),

@@ -92,7 +92,7 @@ def read_kafka(
     config: Mapping[str, Any] | None = None,
     on_data_loss: Literal["fail", "skip"] = "fail",
     commit_group: str | None = None,
-    metadata_columns: Sequence[str] = ("key", "topic", "partition", "offset", "timestamp"),
+    metadata_columns: str | Sequence[str] = ("key", "topic", "partition", "offset", "timestamp"),
     broker_timeout: str | int = "2m",
 ) -> Stream:
     """A stream over Kafka topics; offsets ``{"topic:partition": offset}`` live in the checkpoint.

@@ -43,6 +43,7 @@ from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import SourceContext
 from sinks.base import OutputMode, Sink
 from sinks.delta import SchemaMode
+from sinks.kafka import DeliveryGuarantee
 
 IntoExpr = pl.Expr | str | Any
 
@@ -54,9 +55,16 @@ class Stream:
     expressions and run on whole batches.
     """
 
-    def __init__(self, plan: PlanNode, *, late_sink: Sink | None = None) -> None:
+    def __init__(
+        self,
+        plan: PlanNode,
+        *,
+        late_sink: Sink | None = None,
+        dead_letter_sink: Sink | None = None,
+    ) -> None:
         self._plan = plan
         self._late_sink = late_sink
+        self._dead_letter_sink = dead_letter_sink
 
     @property
     def plan(self) -> PlanNode:
@@ -73,11 +81,16 @@ class Stream:
         """Where rows that arrive after their window closed are written."""
         return self._late_sink
 
+    @property
+    def dead_letter_sink(self) -> Sink | None:
+        """Where malformed input records go (``None``: ``chk/dead_letter/``)."""
+        return self._dead_letter_sink
+
     def _then(self, step: Step) -> Stream:
         return self._with_plan(StepNode(self._plan, step))
 
     def _with_plan(self, plan: PlanNode) -> Stream:
-        return Stream(plan, late_sink=self._late_sink)
+        return Stream(plan, late_sink=self._late_sink, dead_letter_sink=self._dead_letter_sink)
 
     # ---------------------------------------------------------- event time
 
@@ -338,12 +351,22 @@ class Stream:
                 )
 
     def _joined(self, other: Stream, node: PlanNode) -> Stream:
-        return Stream(node, late_sink=self._late_sink or other.late_sink)
+        return Stream(
+            node,
+            late_sink=self._late_sink or other.late_sink,
+            dead_letter_sink=self._dead_letter_sink or other.dead_letter_sink,
+        )
 
     def on_late(self, sink: Sink) -> Stream:
         """Write rows that arrive after their window closed to ``sink`` (a side
         output, idempotent per batch id) with a ``late_reason`` column."""
-        return Stream(self._plan, late_sink=sink)
+        return Stream(self._plan, late_sink=sink, dead_letter_sink=self._dead_letter_sink)
+
+    def on_dead_letters(self, sink: Sink) -> Stream:
+        """Write malformed input records (with their source location and the
+        reason) to ``sink`` instead of the checkpoint's ``dead_letter/``
+        directory (a side output, idempotent per batch id)."""
+        return Stream(self._plan, late_sink=self._late_sink, dead_letter_sink=sink)
 
     # ----------------------------------------------------------- stateless
 
@@ -383,7 +406,13 @@ class Stream:
 
     def write_to(self, sink: Sink, *, output_mode: OutputMode = "append") -> DataStreamWriter:
         """Attach any :class:`sinks.Sink`."""
-        return DataStreamWriter(self._plan, sink, output_mode, late_sink=self._late_sink)
+        return DataStreamWriter(
+            self._plan,
+            sink,
+            output_mode,
+            dead_letter=self._dead_letter_sink,
+            late_sink=self._late_sink,
+        )
 
     def write_memory(self, name: str, *, output_mode: OutputMode = "append") -> DataStreamWriter:
         """Attach an in-process table readable with ``mb.table(name)``."""
@@ -404,13 +433,13 @@ class Stream:
         path: str | os.PathLike[str],
         *,
         output_mode: OutputMode = "append",
-        partition_by: Sequence[str] | None = None,
+        partition_by: str | Sequence[str] | None = None,
     ) -> DataStreamWriter:
         """Write Parquet files plus a manifest keyed by batch id (exactly once);
         read the result with ``mb.parquet_table(path)``."""
         from sinks.parquet import ParquetSink
 
-        sink = ParquetSink(path, partition_by=list(partition_by) if partition_by else None)
+        sink = ParquetSink(path, partition_by=partition_by)
         return self.write_to(sink, output_mode=output_mode)
 
     def write_kafka(
@@ -419,19 +448,22 @@ class Stream:
         *,
         bootstrap: str,
         key: str | pl.Expr | None = None,
-        value_format: Literal["json", "raw"] = "json",
+        format: Literal["json", "raw"] = "json",
         headers: Mapping[str, str | pl.Expr] | None = None,
-        mode: Literal["exactly_once", "at_least_once"] = "exactly_once",
+        delivery_guarantee: DeliveryGuarantee = "exactly_once",
         config: Mapping[str, Any] | None = None,
         output_mode: OutputMode = "append",
+        value_format: Literal["json", "raw"] | None = None,
+        mode: DeliveryGuarantee | None = None,
     ) -> DataStreamWriter:
         """Write each batch's rows to a Kafka topic, one JSON object (or raw value) per row.
 
-        ``exactly_once``: one Kafka transaction per batch, with a marker that
-        makes a replayed batch a no-op (consumers read with
-        ``isolation.level=read_committed``). ``at_least_once``: records carry
+        ``delivery_guarantee="exactly_once"``: one Kafka transaction per batch,
+        with a marker that makes a replayed batch a no-op (consumers read with
+        ``isolation.level=read_committed``). ``"at_least_once"``: records carry
         ``mb_query_id``/``mb_batch_id``/``mb_row`` headers for downstream
-        dedupe. See :class:`sinks.kafka.KafkaSink`.
+        dedupe. ``value_format`` and ``mode`` are the deprecated names of
+        ``format`` and ``delivery_guarantee``. See :class:`sinks.kafka.KafkaSink`.
         """
         from sinks.kafka import KafkaSink
 
@@ -439,10 +471,12 @@ class Stream:
             topic,
             bootstrap=bootstrap,
             key=key,
-            value_format=value_format,
+            format=format,
             headers=headers,
-            mode=mode,
+            delivery_guarantee=delivery_guarantee,
             config=config,
+            value_format=value_format,
+            mode=mode,
         )
         return self.write_to(sink, output_mode=output_mode)
 

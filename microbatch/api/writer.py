@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, get_args
@@ -52,7 +53,14 @@ class DataStreamWriter:
         validate_aggregations(self.plan, self.output_mode)
 
     def dead_letters_to(self, sink: Sink) -> DataStreamWriter:
-        """Send malformed input records to ``sink`` instead of ``chk/dead_letter``."""
+        """Deprecated: use ``stream.on_dead_letters(sink)`` (side outputs are set on
+        the stream, as ``on_late``). Removed in 0.3."""
+        warnings.warn(
+            "DataStreamWriter.dead_letters_to is deprecated and will be removed in 0.3: "
+            "use stream.on_dead_letters(sink) before write_*(), like stream.on_late(sink)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return replace(self, dead_letter=sink)
 
     def start(

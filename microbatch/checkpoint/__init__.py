@@ -1,6 +1,6 @@
 """The checkpoint directory: metadata, write-ahead offsets, commits, progress, lock.
 
-Layout (see DESIGN.md)::
+Layout (docs/design.md)::
 
     chk/
       metadata            query id (stable across restarts), created_at, format
@@ -22,11 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from microbatch.checkpoint.batch_log import BatchLog
+from microbatch.checkpoint.entries import CommitEntry, OffsetEntry
 from microbatch.checkpoint.files import read_json, write_json_atomic
 from microbatch.checkpoint.lock import CheckpointLock, is_locked, read_lock_owner
 from microbatch.exceptions import CheckpointCorruptError, CheckpointError
 
-__all__ = ["BatchLog", "Checkpoint", "CheckpointLock", "is_locked", "read_lock_owner"]
+__all__ = [
+    "BatchLog",
+    "Checkpoint",
+    "CheckpointLock",
+    "CommitEntry",
+    "OffsetEntry",
+    "is_locked",
+    "read_lock_owner",
+]
 
 
 class Checkpoint:
@@ -38,8 +47,10 @@ class Checkpoint:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
-        self.offsets = BatchLog(self.root / "offsets", "offsets") if self._exists() else None
-        self.commits = BatchLog(self.root / "commits", "commits") if self._exists() else None
+        self.offsets: BatchLog[OffsetEntry] = BatchLog(self.root / "offsets", OffsetEntry)
+        """The write-ahead log: ``offsets/N`` fixes batch N before it is read."""
+        self.commits: BatchLog[CommitEntry] = BatchLog(self.root / "commits", CommitEntry)
+        """The commit log: ``commits/N`` says batch N is done."""
         self._lock = CheckpointLock(self.root / "lock")
 
     def _exists(self) -> bool:
@@ -70,10 +81,7 @@ class Checkpoint:
             meta = {"query_id": str(uuid.uuid4()),
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             write_json_atomic(self.metadata_path, "metadata", meta)
-        meta = read_json(self.metadata_path, "metadata")
-        self.offsets = BatchLog(self.root / "offsets", "offsets")
-        self.commits = BatchLog(self.root / "commits", "commits")
-        return meta
+        return read_json(self.metadata_path, "metadata")
 
     def _refuse_logs_without_metadata(self) -> None:
         """A fresh query id over existing logs would break the sinks' idempotency

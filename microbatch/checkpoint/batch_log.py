@@ -1,44 +1,56 @@
 """The generic batch-id-keyed log behind ``offsets/`` and ``commits/``.
 
-One file per batch id, named by the id. ``add`` never overwrites; ``latest``
-finds the highest id; ``purge`` removes ids below a bound. Modeled on Spark's
-``HDFSMetadataLog``.
+One file per batch id, named by the id, holding one typed entry
+(:mod:`microbatch.checkpoint.entries`) in the checksummed envelope of
+:mod:`microbatch.checkpoint.files`. ``add`` never overwrites; ``latest`` finds the
+highest id; ``check_contiguous`` refuses gaps; ``purge_before`` removes ids below
+a bound. Modeled on Spark's ``HDFSMetadataLog``.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypeVar
 
+from microbatch.checkpoint.entries import LogEntry
 from microbatch.checkpoint.files import read_json, write_json_atomic
 from microbatch.exceptions import CheckpointCorruptError, CheckpointError
 
+__all__ = ["BatchLog"]
 
-class BatchLog:
-    """A directory of checksummed JSON entries, one per batch id."""
+E = TypeVar("E", bound=LogEntry)
 
-    def __init__(self, directory: Path, kind: str) -> None:
+
+class BatchLog(Generic[E]):
+    """A directory of checksummed entries of type ``E``, one per batch id.
+
+    The directory is created by the first ``add``: reading a log that was never
+    written (``microbatch status`` on a fresh checkpoint) finds it empty.
+    """
+
+    def __init__(self, directory: Path, entry_type: type[E]) -> None:
         self.directory = directory
-        self.kind = kind
-        directory.mkdir(parents=True, exist_ok=True)
+        self.entry_type = entry_type
+        self.kind = entry_type.KIND
         self._purged_below = 0
         """Every id below this is known to be gone (this process purged them)."""
 
     def path(self, batch_id: int) -> Path:
         return self.directory / str(batch_id)
 
-    def add(self, batch_id: int, body: dict[str, Any]) -> None:
-        """Durably record ``body`` for ``batch_id``; refuse to overwrite an entry."""
-        path = self.path(batch_id)
+    def add(self, entry: E) -> None:
+        """Durably record ``entry`` for its batch id; refuse to overwrite an entry."""
+        path = self.path(entry.batch_id)
         if path.exists():
             raise CheckpointError(
-                f"{self.kind} entry for batch {batch_id} already exists at {path}; "
+                f"{self.kind} entry for batch {entry.batch_id} already exists at {path}; "
                 "two writers on one checkpoint?"
             )
-        write_json_atomic(path, self.kind, body)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, self.kind, entry.to_json())
 
-    def get(self, batch_id: int) -> dict[str, Any] | None:
+    def get(self, batch_id: int) -> E | None:
         """The entry for ``batch_id`` or ``None`` when there is none."""
         path = self.path(batch_id)
         if not path.exists():
@@ -48,24 +60,20 @@ class BatchLog:
             raise CheckpointCorruptError(
                 f"{path} does not describe batch {batch_id}; the file was renamed or moved"
             )
-        return body
+        return self.entry_type.from_json(body, where=str(path))
 
     def batch_ids(self) -> list[int]:
         """All batch ids present, ascending (temp files and strays ignored)."""
-        ids = []
-        for name in os.listdir(self.directory):
-            if name.isdigit():
-                ids.append(int(name))
-        return sorted(ids)
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return sorted(int(name) for name in names if name.isdigit())
 
-    def latest(self) -> tuple[int, dict[str, Any]] | None:
-        """The highest batch id and its entry, or ``None`` for an empty log."""
+    def latest(self) -> E | None:
+        """The entry with the highest batch id, or ``None`` for an empty log."""
         ids = self.batch_ids()
-        if not ids:
-            return None
-        body = self.get(ids[-1])
-        assert body is not None
-        return ids[-1], body
+        return self.get(ids[-1]) if ids else None
 
     def check_contiguous(self) -> None:
         """Raise when an id between the oldest and newest entry is missing."""

@@ -40,8 +40,8 @@ from microbatch.api.query import StreamingQuery
 from microbatch.api.writer import DataStreamWriter
 from microbatch.cli.display import BatchLines, LiveLine, RunStats, out
 from microbatch.exceptions import SourceError
-from microbatch.sources.base import Offset
 from microbatch.sources.delta import Backlog, DeltaSource
+from microbatch.types import Offset
 
 
 @dataclass
@@ -148,14 +148,13 @@ def _resume_offsets(checkpoint: Path) -> dict[str, Offset]:
     from microbatch.checkpoint import Checkpoint
 
     chk = Checkpoint(checkpoint)
-    if not chk.exists() or chk.offsets is None or chk.commits is None:
+    if not chk.exists():
         return {}
     latest = chk.offsets.latest()
     if latest is None:
         return {}
-    batch_id, entry = latest
-    key = "end" if chk.commits.get(batch_id) is not None else "start"
-    return {sid: r[key] for sid, r in entry["sources"].items()}
+    done = chk.commits.get(latest.batch_id) is not None
+    return {sid: end if done else start for sid, (start, end) in latest.sources.items()}
 
 
 def _eta(done: Done, elapsed_s: float) -> str:

@@ -41,10 +41,11 @@ from typing import Any
 
 import polars as pl
 
-from microbatch.checkpoint import Checkpoint
+from microbatch.checkpoint import Checkpoint, CommitEntry, OffsetEntry
 from microbatch.engine.executor import BatchExecutor, input_frame
 from microbatch.engine.faults import fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
+from microbatch.engine.trigger_loops import loop_for
 from microbatch.engine.watermark import PARTITION_COLUMN
 from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError
 from microbatch.observability.latency import LatencyProbe
@@ -52,20 +53,15 @@ from microbatch.observability.progress import ProgressStore
 from microbatch.observability.record import BatchFacts, progress_record
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.nodes import PlanNode
-from microbatch.plan.triggers import AvailableNow, Once, ProcessingTime, Trigger
+from microbatch.plan.triggers import ProcessingTime, Trigger
 from microbatch.sources.base import Offset, Source, SourceContext
 from sinks.base import OutputMode, Sink, SinkContext
 
 log = logging.getLogger("microbatch.engine.execution")
 
-IDLE_POLL_S = 0.05
-"""How long a back-to-back (``0s``) trigger waits before planning again when
-the previous plan found no new data."""
-
-
 @dataclass
 class PlannedBatch:
-    """Batch N as fixed by its write-ahead entry."""
+    """Batch N as fixed by its write-ahead entry (``offsets/N``)."""
 
     batch_id: int
     ranges: dict[str, tuple[Offset, Offset]]
@@ -73,6 +69,17 @@ class PlannedBatch:
     watermark_ms: int | None = None
     recovered: bool = False
     durations_ms: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def recovered_from(cls, entry: OffsetEntry) -> PlannedBatch:
+        """The batch ``entry`` fixed, to be re-run exactly as recorded."""
+        return cls(
+            batch_id=entry.batch_id,
+            ranges=dict(entry.sources),
+            timestamp_ms=entry.timestamp_ms,
+            watermark_ms=entry.watermark_ms,
+            recovered=True,
+        )
 
 
 @dataclass
@@ -114,17 +121,6 @@ def _id_list(ids: list[int], limit: int = 10) -> str:
     return f"[{shown}]" if len(ids) <= limit else f"[{shown}, ... {len(ids) - limit} more]"
 
 
-def next_tick(started: float, interval_ms: int) -> float:
-    """The start (seconds) of the interval after the one containing ``started``.
-
-    Ticks sit on multiples of the interval of the wall clock, so batches never
-    drift; when a batch overruns, the next tick is already past and the next
-    batch starts at once (and its progress says ``falling_behind``).
-    """
-    started_ms = round(started * 1000)  # whole milliseconds: no float drift at boundaries
-    return (started_ms // interval_ms + 1) * interval_ms / 1000
-
-
 class MicroBatchExecution:
     """Runs one query: recovers from its checkpoint, then batches per trigger."""
 
@@ -148,6 +144,7 @@ class MicroBatchExecution:
         self.output_mode = output_mode
         self.checkpoint = checkpoint
         self.trigger = trigger
+        self.loop = loop_for(trigger)
         self.dead_letter_sink = dead_letter_sink
         self.late_sink = late_sink
         self.key_columns = key_columns
@@ -239,8 +236,6 @@ class MicroBatchExecution:
     def recover(self) -> None:
         """Find where to resume; see the module docstring for the rule."""
         offsets, commits = self.checkpoint.offsets, self.checkpoint.commits
-        assert offsets is not None
-        assert commits is not None
         offsets.check_contiguous()
         commits.check_contiguous()
         last = offsets.latest()
@@ -253,9 +248,8 @@ class MicroBatchExecution:
             self.committed = {sid: s.initial_offset() for sid, s in self.sources.items()}
             self.next_batch_id = 0
             return
-        batch_id, entry = last
-        self._check_compatible(batch_id, entry)
-        uncommitted = sorted(set(offsets.batch_ids()) - set(commits.batch_ids()) - {batch_id})
+        self._check_compatible(last)
+        uncommitted = sorted(set(offsets.batch_ids()) - set(commits.batch_ids()) - {last.batch_id})
         if uncommitted:
             # NOTE: only the last batch may lack its commit (the rule above); re-running
             # it alone would leave these unaccounted for, so nothing runs
@@ -266,34 +260,29 @@ class MicroBatchExecution:
                 "files from a backup, or start the job on a new checkpoint directory and "
                 "backfill what it should hold."
             )
-        ranges = {sid: (r["start"], r["end"]) for sid, r in entry["sources"].items()}
         last_commit = commits.latest()
-        if last_commit is not None and last_commit[0] > batch_id:
+        if last_commit is not None and last_commit.batch_id > last.batch_id:
             raise CheckpointCorruptError(
-                f"{commits.path(last_commit[0])} commits batch {last_commit[0]} but the "
-                f"write-ahead log ends at batch {batch_id}; the offsets log was truncated."
+                f"{commits.path(last_commit.batch_id)} commits batch {last_commit.batch_id} but "
+                f"the write-ahead log ends at batch {last.batch_id}; the offsets log was "
+                "truncated."
             )
         if last_commit is not None:
-            self.tracker.restore(last_commit[1].get("watermark"))
-        if commits.get(batch_id) is not None:
-            self.watermark_in_force = entry.get("watermark_ms")
-            self.committed = {sid: end for sid, (_, end) in ranges.items()}
-            self.next_batch_id = batch_id + 1
+            self.tracker.restore(last_commit.watermark)
+        if last_commit is not None and last_commit.batch_id == last.batch_id:
+            self.watermark_in_force = last.watermark_ms
+            self.committed = {sid: end for sid, (_, end) in last.sources.items()}
+            self.next_batch_id = last.batch_id + 1
         else:
-            self.committed = {sid: start for sid, (start, _) in ranges.items()}
-            self.next_batch_id = batch_id
-            self.pending = PlannedBatch(
-                batch_id=batch_id,
-                ranges=ranges,
-                timestamp_ms=entry["timestamp_ms"],
-                watermark_ms=entry.get("watermark_ms"),
-                recovered=True,
-            )
-            log.warning("recovering batch %d from its write-ahead entry", batch_id)
+            self.committed = {sid: start for sid, (start, _) in last.sources.items()}
+            self.next_batch_id = last.batch_id
+            self.pending = PlannedBatch.recovered_from(last)
+            log.warning("recovering batch %d from its write-ahead entry", last.batch_id)
 
-    def _check_compatible(self, batch_id: int, entry: dict[str, Any]) -> None:
-        recorded = entry.get("identity", {})
+    def _check_compatible(self, entry: OffsetEntry) -> None:
+        recorded = dict(entry.identity)
         current = self.identity()
+        batch_id = entry.batch_id
         if recorded != current:
             raise IncompatibleCheckpointError(
                 f"checkpoint {self.checkpoint.root} was written by a job with different "
@@ -388,19 +377,15 @@ class MicroBatchExecution:
 
     def write_ahead(self, batch: PlannedBatch) -> None:
         """Step 2: record batch N durably; from here it is fixed forever."""
-        assert self.checkpoint.offsets is not None
         self.checkpoint.offsets.add(
-            batch.batch_id,
-            {
-                "batch_id": batch.batch_id,
-                "sources": {
-                    sid: {"start": start, "end": end} for sid, (start, end) in batch.ranges.items()
-                },
-                "watermark_ms": batch.watermark_ms,
-                "timestamp_ms": batch.timestamp_ms,
-                "identity": self.identity(),
-                "fingerprint": self.fingerprint(),
-            },
+            OffsetEntry(
+                batch_id=batch.batch_id,
+                sources=batch.ranges,
+                watermark_ms=batch.watermark_ms,
+                timestamp_ms=batch.timestamp_ms,
+                identity=self.identity(),
+                fingerprint=self.fingerprint(),
+            )
         )
         self.pending = batch
 
@@ -437,7 +422,7 @@ class MicroBatchExecution:
     ) -> None:
         """With a backlog, read what the next batch will most likely be, in the
         background, while this batch is in its sink (see :mod:`read_ahead`)."""
-        backlog = isinstance(self.trigger, AvailableNow) or self.falling_behind
+        backlog = self.loop.drains_backlog or self.falling_behind
         if not backlog or not capped:
             return
         ranges: dict[str, tuple[Offset, Offset]] = {}
@@ -483,18 +468,15 @@ class MicroBatchExecution:
 
     def commit(self, batch: PlannedBatch) -> None:
         """Step 6: state version N+1, then ``commits/N`` with the next watermark."""
-        assert self.checkpoint.offsets is not None
-        assert self.checkpoint.commits is not None
         self.executor.commit()
         fault_point("after_state_commit", batch.batch_id)
         self.checkpoint.commits.add(
-            batch.batch_id,
-            {
-                "batch_id": batch.batch_id,
-                "next_watermark_ms": self.tracker.current,
-                "watermark": self.tracker.to_json(),
-                "committed_at_ms": int(self.clock() * 1000),
-            },
+            CommitEntry(
+                batch_id=batch.batch_id,
+                next_watermark_ms=self.tracker.current,
+                watermark=self.tracker.to_json(),
+                committed_at_ms=int(self.clock() * 1000),
+            )
         )
         self.pending = None
         self.watermark_in_force = batch.watermark_ms
@@ -556,45 +538,37 @@ class MicroBatchExecution:
     # ---------------------------------------------------------- trigger loop
 
     def run(self) -> None:
-        """Run batches according to the trigger until it ends or stop is asked."""
-        trigger = self.trigger
+        """Run batches as the trigger's loop says, until it ends or stop is asked."""
         self.status_message = "running"
-        if isinstance(trigger, Once):
-            if self.pending is not None:
-                self.run_batch()
-            self.run_batch(capped=False)
-            # the no-data batch that the advanced watermark calls for, no new data
-            self.run_batch(bounds=dict(self.committed))
-            self._idle_now()
-            return
-        if isinstance(trigger, AvailableNow):
-            targets = {
-                sid: s.latest_offset(self.committed[sid], capped=False)
-                for sid, s in self.sources.items()
-            }
-            while not self.stop_requested.is_set() and self.run_batch(bounds=targets):
-                pass
-            self._idle_now()
-            return
-        interval_s = trigger.interval_ms / 1000
-        while not self.stop_requested.is_set():
-            tick = self.clock()
-            self.wake.clear()
-            ran = self.run_batch()
-            if self.stop_requested.is_set():
-                break
-            if interval_s == 0:
-                if not ran:
-                    self._sleep(IDLE_POLL_S)
-                continue
-            self._sleep(max(0.0, next_tick(tick, trigger.interval_ms) - self.clock()))
+        self.loop.run(self)
 
-    def _idle_now(self) -> None:
-        with self.cond:
-            self.last_idle_plan = self.plans_started + 1
-            self.cond.notify_all()
+    # the BatchRunner protocol of microbatch.engine.trigger_loops
 
-    def _sleep(self, seconds: float) -> None:
+    def has_pending(self) -> bool:
+        return self.pending is not None
+
+    def committed_offsets(self) -> dict[str, Offset]:
+        return dict(self.committed)
+
+    def available_offsets(self) -> dict[str, Offset]:
+        return {
+            sid: s.latest_offset(self.committed[sid], capped=False)
+            for sid, s in self.sources.items()
+        }
+
+    def stopping(self) -> bool:
+        return self.stop_requested.is_set()
+
+    def now(self) -> float:
+        return self.clock()
+
+    def wait(self, seconds: float) -> None:
         """Wait for the next tick; ``stop`` and ``process_all_available`` wake it early."""
         if seconds > 0:
             self.wake.wait(seconds)
+        self.wake.clear()
+
+    def idle(self) -> None:
+        with self.cond:
+            self.last_idle_plan = self.plans_started + 1
+            self.cond.notify_all()

@@ -16,20 +16,20 @@ never the wall clock of a re-run, so replays see the same watermarks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import polars as pl
 
 from microbatch.exceptions import PlanError
 from microbatch.frames import collect
 from microbatch.plan.durations import parse_duration_ms
+from microbatch.types import WatermarkPolicy
 
 PARTITION_COLUMN = "__mb_partition"
 """Hidden column carrying a row's source partition up to the watermark node."""
 MAX_REPORTED_PARTITIONS = 256
 """Partitions listed per progress record under ``watermark_partitions``."""
 
-WatermarkPolicy = Literal["min", "max"]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import polars as pl
 from microbatch.engine.watermark import event_time_ms
 from microbatch.exceptions import PlanError
 from microbatch.plan.nodes import PlanNode, WatermarkNode
-from sinks.base import OutputMode, Sink, SinkContext
+from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 
 WINDOW_END = "window_end"
 
@@ -69,14 +69,18 @@ class LatencyProbe(Sink):
         self.supported_modes: tuple[OutputMode, ...] = inner.supported_modes
         self._last: tuple[int, dict[str, Any] | None] | None = None
 
-    def open(self, ctx: SinkContext) -> None:
+    def on_open(self, ctx: SinkContext) -> None:
         """Open the wrapped sink."""
         self.inner.open(ctx)
 
-    def add_batch(self, batch_id: int, df: pl.DataFrame) -> None:
-        """Write through, then measure (rows count as delivered once written)."""
-        self.inner.add_batch(batch_id, df)
-        self._last = (batch_id, measure_latency(df, self.columns, int(time.time() * 1000)))
+    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
+        """Write through (the wrapped sink skips a stored batch), then measure
+        (rows count as delivered once written)."""
+        self.inner.add_batch(batch.batch_id, df)
+        self._last = (
+            batch.batch_id,
+            measure_latency(df, self.columns, int(time.time() * 1000)),
+        )
 
     def latency(self, batch_id: int) -> dict[str, Any] | None:
         """The latency measured for ``batch_id`` (``None`` if not this batch's)."""

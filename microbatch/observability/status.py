@@ -73,11 +73,9 @@ def status_document(
     except OSError:
         running = None  # e.g. a read-only copy of a checkpoint: cannot probe the lock
     owner = read_lock_owner(chk.root / "lock") if running else None
-    assert chk.offsets is not None
-    assert chk.commits is not None
     planned = chk.offsets.latest()
     committed = chk.commits.latest()
-    pending = planned is not None and (committed is None or committed[0] < planned[0])
+    pending = planned is not None and (committed is None or committed.batch_id < planned.batch_id)
     records = load_progress(chk.progress_dir, limit=max(last, ALARM_WINDOW))
     shown = records[-last:]
     newest = records[-1] if records else {}
@@ -87,12 +85,12 @@ def status_document(
     sources = [
         {"id": sid, "start_offset": r.get("start"), "end_offset": r.get("end"),
          "description": descriptions.get(sid), "lag": lags.get(sid)}
-        for sid, r in (planned[1]["sources"].items() if planned else [])
+        for sid, r in (planned.to_json()["sources"].items() if planned else [])
     ]
     if committed is not None and not pending:
-        watermark_ms = committed[1].get("next_watermark_ms")
+        watermark_ms = committed.next_watermark_ms
     else:
-        watermark_ms = planned[1].get("watermark_ms") if planned else None
+        watermark_ms = planned.watermark_ms if planned else None
     state = "running" if running else "failed" if last_error else "stopped"
     if running is None:
         state = "unknown"
@@ -104,8 +102,8 @@ def status_document(
         "running": running,
         "lock_owner": owner,
         "last_error": last_error,
-        "last_planned_batch": planned[0] if planned else None,
-        "last_committed_batch": committed[0] if committed else None,
+        "last_planned_batch": planned.batch_id if planned else None,
+        "last_committed_batch": committed.batch_id if committed else None,
         "pending_recovery": pending,
         "trigger": newest.get("trigger"),
         "trigger_interval_ms": newest.get("trigger_interval_ms"),

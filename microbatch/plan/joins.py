@@ -29,9 +29,8 @@ import polars as pl
 
 from microbatch.exceptions import PlanError
 from microbatch.plan.durations import parse_duration_ms
+from microbatch.types import JoinHow, StaticHow
 
-JoinHow = Literal["inner", "left", "right", "full"]
-StaticHow = Literal["inner", "left"]
 SUFFIX = "_right"
 """Suffix of right-side columns whose name the left side already uses (as Polars)."""
 
@@ -50,21 +49,6 @@ def parse_how(how: str, allowed: tuple[str, ...], *, what: str) -> str:
     if how not in allowed:
         raise PlanError(f"{what}: how={how!r} is not supported; use one of {list(allowed)}")
     return how
-
-
-def parse_offset_ms(value: str | float | timedelta | None, *, what: str) -> int:
-    """A signed duration in ms: ``"-10m"``, ``"0s"``, ``"+5s"``, seconds, or a timedelta."""
-    if value is None:
-        raise PlanError(f"{what} is missing")
-    if isinstance(value, timedelta):
-        return int(value.total_seconds() * 1000)
-    if isinstance(value, bool):
-        raise PlanError(f"{what}: expected a duration such as '-10m', got {value!r}")
-    if isinstance(value, int | float):
-        return int(value * 1000)
-    text = str(value).strip()
-    sign = -1 if text.startswith("-") else 1
-    return sign * parse_duration_ms(text.lstrip("+-"), what=what)
 
 
 @dataclass(frozen=True)
@@ -112,8 +96,8 @@ class IntervalJoinSpec:
                 "left rows arriving arbitrarily later, so its state could never be "
                 "evicted. Pass lower='-10m' (or another finite duration)."
             )
-        lower_ms = parse_offset_ms(lower, what=f"{what} lower")
-        upper_ms = parse_offset_ms(upper, what=f"{what} upper")
+        lower_ms = parse_duration_ms(lower, what=f"{what} lower", signed=True)
+        upper_ms = parse_duration_ms(upper, what=f"{what} upper", signed=True)
         if lower_ms > upper_ms:
             raise PlanError(
                 f"{what}: lower ({lower!r}) is after upper ({upper!r}); the interval "

@@ -26,8 +26,7 @@ from typing import Any, TypedDict
 
 import polars as pl
 
-Offset = Any
-"""A JSON-serializable position in a source's log."""
+from microbatch.types import Offset
 
 DEAD_LETTER_SCHEMA = pl.Schema(
     {

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -43,8 +43,7 @@ from microbatch.sources.base import (
 )
 from microbatch.sources.decoding import DECODE_ERRORS, bisect_bad, conform, short_reason
 from microbatch.sources.file_ledger import FileLedger, LedgerFile
-
-FileFormat = Literal["parquet", "json", "csv"]
+from microbatch.types import FileFormat
 
 DEFAULT_GLOBS: dict[str, tuple[str, ...]] = {
     "parquet": ("*.parquet",),

@@ -61,7 +61,8 @@ from microbatch.sources.base import (
     SourceContext,
     empty_dead_letters,
 )
-from microbatch.sources.kafka_decode import ValueFormat, decode_values
+from microbatch.sources.kafka_decode import decode_values
+from microbatch.types import DataLossMode, KafkaFormat, StartingOffsets
 from sinks.kafka_common import check_config, client_log, redact
 
 log = logging.getLogger("microbatch.sources.kafka")
@@ -71,8 +72,6 @@ try:  # the Message type, for C-speed ``map(_Message.value, msgs)`` over a batch
 except ImportError:  # pragma: no cover - confluent-kafka is a dependency
     _Message = Any
 
-DataLossMode = Literal["fail", "skip"]
-StartingOffsets = Literal["earliest", "latest"] | int | Mapping[Any, int]
 METADATA_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
 """Record metadata columns added after the value's columns, by default all."""
 METADATA_TYPES: dict[str, pl.DataType] = {
@@ -168,14 +167,14 @@ class KafkaSource(Source):
         topics: str | Sequence[str],
         *,
         bootstrap: str,
-        format: ValueFormat = "json",
+        format: KafkaFormat = "json",
         schema: pl.Schema | Mapping[str, Any] | None = None,
         starting_offsets: StartingOffsets = "earliest",
         max_records_per_batch: int | None = None,
         config: Mapping[str, Any] | None = None,
         on_data_loss: DataLossMode = "fail",
         commit_group: str | None = None,
-        metadata_columns: Sequence[str] = METADATA_COLUMNS,
+        metadata_columns: str | Sequence[str] = METADATA_COLUMNS,
         broker_timeout: str | int = "2m",
     ) -> None:
         names = [topics] if isinstance(topics, str) else list(topics)
@@ -205,21 +204,15 @@ class KafkaSource(Source):
                 "read_kafka: max_records_per_batch must be a positive integer or None, "
                 f"got {max_records_per_batch!r}"
             )
-        unknown = [c for c in metadata_columns if c not in METADATA_TYPES]
-        if unknown:
-            raise PlanError(
-                f"read_kafka: unknown metadata column(s) {unknown}; choose from "
-                f"{list(METADATA_TYPES)}"
-            )
         try:
             self._config = check_config(config, reserved=_RESERVED)
         except ValueError as exc:
             raise PlanError(f"read_kafka: {exc}") from None
         self.topics: tuple[str, ...] = tuple(names)
         self.bootstrap = bootstrap
-        self.format: ValueFormat = format
+        self.format: KafkaFormat = format
         self.value_schema = pl.Schema(schema) if schema is not None else None
-        self.metadata_columns = tuple(metadata_columns)
+        self.metadata_columns = _check_metadata_columns(metadata_columns)
         taken = set(self.value_schema or ()) | ({"value"} if format == "raw" else set())
         clash = [c for c in self.metadata_columns if c in taken]
         if clash:
@@ -882,6 +875,18 @@ def _cap(begin: dict[Key, int], end: dict[Key, int], cap: int) -> dict[Key, int]
 
 def _encode(offsets: dict[Key, int]) -> dict[str, int]:
     return {_key_str(k): int(v) for k, v in sorted(offsets.items())}
+
+
+def _check_metadata_columns(columns: str | Sequence[str]) -> tuple[str, ...]:
+    """``metadata_columns`` as a tuple (a string is one column name)."""
+    names = (columns,) if isinstance(columns, str) else tuple(columns)
+    unknown = [c for c in names if c not in METADATA_TYPES]
+    if unknown:
+        raise PlanError(
+            f"read_kafka: unknown metadata column(s) {unknown}; choose from "
+            f"{list(METADATA_TYPES)}"
+        )
+    return names
 
 
 def _check_starting(spec: Any, topics: tuple[str, ...]) -> Any:

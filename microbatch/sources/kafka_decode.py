@@ -26,14 +26,12 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import polars as pl
 
 from microbatch.sources.decoding import DECODE_ERRORS, bisect_bad, conform
-
-ValueFormat = Literal["json", "raw", "csv"]
+from microbatch.types import KafkaFormat
 
 _FLAT_NATIVE = (
     pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64,
@@ -55,7 +53,7 @@ class Decoded:
 
 
 def decode_values(
-    values: Sequence[bytes | None], *, format: ValueFormat, schema: pl.Schema | None
+    values: Sequence[bytes | None], *, format: KafkaFormat, schema: pl.Schema | None
 ) -> Decoded:
     """Decode ``values`` (one per record, in record order) into ``schema``'s columns."""
     n = len(values)

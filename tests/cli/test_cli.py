@@ -185,11 +185,9 @@ def test_sigterm_finishes_the_batch_in_flight_and_exits_0(
     assert "SIGTERM" in stderr
     assert "Traceback" not in stderr
     reopened = Checkpoint(chk)
-    assert reopened.offsets is not None
-    assert reopened.commits is not None
     last = reopened.offsets.latest()
     assert last is not None
-    assert reopened.commits.get(last[0]) is not None
+    assert reopened.commits.get(last.batch_id) is not None
     assert not reopened.is_running()
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import S3Server
 from delta_helpers import append_versions, operations, transactions
 from deltalake import DeltaTable
 from polars.testing import assert_frame_equal
+from s3_server import S3Server
 
 import microbatch as mb
 from microbatch.engine.faults import InjectedFault

@@ -13,6 +13,7 @@ import pytest
 
 import microbatch as mb
 from microbatch.checkpoint.batch_log import BatchLog
+from microbatch.checkpoint.entries import CommitEntry, OffsetEntry
 from microbatch.checkpoint.files import read_json, write_json_atomic
 
 
@@ -34,13 +35,19 @@ def test_round_trip_and_checksum(tmp_path: Path) -> None:
         read_json(path, "offsets")
 
 
+def _commit(batch_id: int) -> CommitEntry:
+    return CommitEntry(batch_id=batch_id, next_watermark_ms=batch_id * 1000)
+
+
 def test_batch_log_refuses_overwrite_and_finds_gaps(tmp_path: Path) -> None:
-    log = BatchLog(tmp_path / "offsets", "offsets")
+    log = BatchLog(tmp_path / "commits", CommitEntry)
+    assert log.latest() is None  # a log never written is empty, and not created
+    assert not (tmp_path / "commits").exists()
     for i in range(4):
-        log.add(i, {"batch_id": i})
+        log.add(_commit(i))
     with pytest.raises(mb.CheckpointError, match="already exists"):
-        log.add(2, {"batch_id": 2})
-    assert log.latest() == (3, {"batch_id": 3})
+        log.add(_commit(2))
+    assert log.latest() == _commit(3)
     log.path(1).unlink()
     with pytest.raises(mb.CheckpointCorruptError, match=r"missing entries for batches \[1\]"):
         log.check_contiguous()
@@ -48,16 +55,34 @@ def test_batch_log_refuses_overwrite_and_finds_gaps(tmp_path: Path) -> None:
     assert log.batch_ids() == [3]
 
 
+def test_log_entries_round_trip_and_refuse_edited_fields(tmp_path: Path) -> None:
+    log = BatchLog(tmp_path / "offsets", OffsetEntry)
+    entry = OffsetEntry(batch_id=0, sources={"0": ({"rows": 0}, {"rows": 5})},
+                        watermark_ms=None, timestamp_ms=1_767_225_600_000,
+                        identity={"sources": {}}, fingerprint="abc")
+    log.add(entry)
+    assert log.get(0) == entry
+    doc = read_json(log.path(0), "offsets")
+    doc["timestamp_ms"] = "yesterday"
+    write_json_atomic(log.path(0), "offsets", doc)
+    with pytest.raises(mb.CheckpointCorruptError, match="'timestamp_ms' is 'yesterday'"):
+        log.get(0)
+    del doc["timestamp_ms"]
+    write_json_atomic(log.path(0), "offsets", doc)
+    with pytest.raises(mb.CheckpointCorruptError, match="has no 'timestamp_ms'"):
+        log.get(0)
+
+
 def test_batch_log_purges_each_batch_without_relisting(tmp_path: Path) -> None:
     """After the first purge, later purges delete exactly the ids below the new bound,
     and a log reopened by a new process (no memory of purges) still finds old strays."""
-    log = BatchLog(tmp_path / "commits", "commits")
+    log = BatchLog(tmp_path / "commits", CommitEntry)
     for i in range(10):
-        log.add(i, {"batch_id": i})
+        log.add(_commit(i))
         log.purge_before(i - 2)
         assert log.batch_ids() == list(range(max(0, i - 2), i + 1))
     assert log.purge_before(5) == 0  # a lower bound than before removes nothing
-    reopened = BatchLog(tmp_path / "commits", "commits")
+    reopened = BatchLog(tmp_path / "commits", CommitEntry)
     assert reopened.purge_before(9) == 2
     assert reopened.batch_ids() == [9]
 

@@ -13,7 +13,7 @@ from input_files import write_parquet_files
 
 import microbatch as mb
 from microbatch.checkpoint.files import read_json
-from microbatch.engine.execution import next_tick
+from microbatch.engine.trigger_loops import next_tick
 from microbatch.sources.generator import GeneratorSource
 
 

@@ -57,19 +57,18 @@ def input_rows(bootstrap: str, topic: str) -> pl.DataFrame:
 def batch_watermarks(chk: Path, topic: str) -> tuple[pl.DataFrame, int]:
     """Per batch and partition: the offset range and the watermark in force; the final one."""
     log = Checkpoint(chk)
-    assert log.offsets is not None
     rows = []
     final = None
     for batch_id in log.offsets.batch_ids():
         entry = log.offsets.get(batch_id)
         assert entry is not None
-        final = entry["watermark_ms"]
-        rng = entry["sources"]["0"]
-        for key, end in rng["end"].items():
-            start = rng["start"].get(key, 0)
+        final = entry.watermark_ms
+        first, last = entry.sources["0"]
+        for key, end in last.items():
+            start = first.get(key, 0)
             if end > start:
                 rows.append({"partition": int(key.rsplit(":", 1)[1]), "start": start, "end": end,
-                             "watermark_ms": entry["watermark_ms"]})
+                             "watermark_ms": entry.watermark_ms})
     assert final is not None
     return pl.DataFrame(rows, schema={"partition": pl.Int64, "start": pl.Int64, "end": pl.Int64,
                                       "watermark_ms": pl.Int64}), final

@@ -46,7 +46,7 @@ def test_each_batch_is_one_transaction_and_a_replay_is_a_noop(
     again.open(SinkContext(query_id="q-replay"))  # a restart: fences, then reads the marker
     again.add_batch(1, frame(100, 250))
     again.add_batch(2, frame(250, 260))
-    assert again.batches_skipped == 1
+    assert again.skipped_batches == 1
     again.close()
     msgs = consume_all(bootstrap, topic)
     ids = sorted(json.loads(m.value())["event_id"] for m in msgs)
@@ -101,7 +101,7 @@ def test_at_least_once_records_carry_dedupe_headers(
     bootstrap: str, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic(1)
-    sink = KafkaSink(topic, bootstrap=bootstrap, mode="at_least_once",
+    sink = KafkaSink(topic, bootstrap=bootstrap, delivery_guarantee="at_least_once",
                      headers={"card": "card_id"})
     sink.open(SinkContext(query_id="q-alo"))
     sink.add_batch(0, frame(0, 50))

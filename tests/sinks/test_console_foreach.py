@@ -18,6 +18,17 @@ from sinks.foreach import ForeachBatchSink
 REPO = Path(__file__).resolve().parents[2]
 
 
+def opened(sink):
+    """``sink`` opened for query ``q``, as the engine does before the first batch."""
+    sink.open(SinkContext(query_id="q"))
+    return sink
+
+
+def test_add_batch_before_open_is_refused():
+    with pytest.raises(SinkError, match=r"ConsoleSink.add_batch\(0\) before open"):
+        ConsoleSink().add_batch(0, pl.DataFrame({"a": [1]}))
+
+
 def test_console_prints_a_header_and_the_frame():
     out = io.StringIO()
     sink = ConsoleSink(stream=out)
@@ -30,7 +41,7 @@ def test_console_prints_a_header_and_the_frame():
 
 
 def test_console_writes_to_stdout_by_default(capsys):
-    ConsoleSink().add_batch(0, pl.DataFrame({"a": [41]}))
+    opened(ConsoleSink()).add_batch(0, pl.DataFrame({"a": [41]}))
     assert "Batch: 0" in capsys.readouterr().out
 
 
@@ -51,7 +62,8 @@ def test_console_skips_a_repeated_or_older_batch_id():
 
 def test_console_limits_rows_to_num_rows():
     out = io.StringIO()
-    ConsoleSink(num_rows=4, stream=out).add_batch(0, pl.DataFrame({"a": list(range(100, 200))}))
+    sink = opened(ConsoleSink(num_rows=4, stream=out))
+    sink.add_batch(0, pl.DataFrame({"a": list(range(100, 200))}))
     text = out.getvalue()
     assert "shape: (100, 1)" in text
     assert "…" in text
@@ -62,8 +74,8 @@ def test_console_limits_rows_to_num_rows():
 def test_console_truncate_false_shows_long_strings_and_all_columns():
     df = pl.DataFrame({"s": ["x" * 300], **{f"c{i}": [i] for i in range(40)}})
     short, full = io.StringIO(), io.StringIO()
-    ConsoleSink(stream=short).add_batch(0, df)
-    ConsoleSink(truncate=False, stream=full).add_batch(0, df)
+    opened(ConsoleSink(stream=short)).add_batch(0, df)
+    opened(ConsoleSink(truncate=False, stream=full)).add_batch(0, df)
     assert "x" * 300 not in short.getvalue()
     assert "x" * 300 in full.getvalue()
     assert "c20" in full.getvalue()
@@ -94,7 +106,7 @@ def test_foreach_failure_names_the_batch_and_the_retry_calls_fn_again():
         if len(attempts) == 1:
             raise ConnectionError("warehouse unreachable")
 
-    sink = ForeachBatchSink(flaky)
+    sink = opened(ForeachBatchSink(flaky))
     with pytest.raises(SinkError, match="flaky failed on batch 3: ConnectionError") as info:
         sink.add_batch(3, pl.DataFrame({"a": [1]}))
     assert isinstance(info.value.__cause__, ConnectionError)

@@ -1,0 +1,47 @@
+"""The type aliases of the public API, in one place (as ``polars._typing``).
+
+``sinks`` and ``statestore`` are packages of their own and keep their aliases;
+the ones a job meets are re-exported here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, Literal, TypeAlias
+
+from sinks.base import OutputMode
+from sinks.delta import SchemaMode
+from sinks.kafka import DeliveryGuarantee
+
+__all__ = [
+    "DataLossMode",
+    "DeliveryGuarantee",
+    "Duration",
+    "FileFormat",
+    "JoinHow",
+    "KafkaFormat",
+    "Offset",
+    "OutputMode",
+    "PathLike",
+    "SchemaMode",
+    "StartingOffsets",
+    "StaticHow",
+    "WatermarkPolicy",
+]
+
+Duration: TypeAlias = str | int | float | timedelta
+"""``"10s"``, ``"1m30s"``, ``"500ms"``, a number of seconds, or a ``timedelta``."""
+PathLike: TypeAlias = str | os.PathLike[str]
+Offset: TypeAlias = Any
+"""A source's position: any JSON value the source understands (recorded in ``offsets/N``)."""
+FileFormat: TypeAlias = Literal["parquet", "json", "csv"]
+KafkaFormat: TypeAlias = Literal["json", "csv", "raw"]
+"""How Kafka record values are encoded (``read_kafka`` and ``write_kafka``; the sink
+writes ``json`` or ``raw``)."""
+StartingOffsets: TypeAlias = Literal["earliest", "latest"] | int | Mapping[Any, int]
+DataLossMode: TypeAlias = Literal["fail", "skip"]
+JoinHow: TypeAlias = Literal["inner", "left", "right", "full"]
+StaticHow: TypeAlias = Literal["inner", "left"]
+WatermarkPolicy: TypeAlias = Literal["min", "max"]

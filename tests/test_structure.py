@@ -1,0 +1,119 @@
+"""The package tree draws the architecture, and nothing ties it in knots.
+
+- no import cycle between modules of ``microbatch``, ``statestore`` and
+  ``sinks``, counting every import: top level, inside functions and under
+  ``TYPE_CHECKING``;
+- ``statestore`` and ``sinks`` never import ``microbatch`` (they are usable on
+  their own; the engine reaches them through small protocols);
+- at most 12 modules at the top of ``microbatch/``: the rest lives in rooms.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("microbatch", "statestore", "sinks")
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """Modules of ours that ``name`` imports, anywhere in its source."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".")
+                if path.name != "__init__.py":
+                    parts = parts[:-1]
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in mods else base)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {m for m in found if m in mods and m != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(name, path, mods) for name, path in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_statestore_and_sinks_never_import_microbatch() -> None:
+    graph = _graph()
+    offenders = {
+        name: sorted(t for t in targets if t.split(".")[0] == "microbatch")
+        for name, targets in graph.items()
+        if name.split(".")[0] in ("statestore", "sinks")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_at_most_twelve_modules_at_the_top_of_microbatch() -> None:
+    top = sorted(p.name for p in (ROOT / "microbatch").glob("*.py"))
+    assert len(top) <= 12, top
+
+
+def test_every_package_has_an_init_with_a_docstring() -> None:
+    for package in PACKAGES:
+        for directory in [ROOT / package, *(ROOT / package).rglob("*/")]:
+            if directory.name == "__pycache__" or not list(directory.glob("*.py")):
+                continue
+            init = directory / "__init__.py"
+            assert init.is_file(), f"{directory} is a package without __init__.py"
+            assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says nothing"
