@@ -35,6 +35,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import quote
@@ -42,6 +43,7 @@ from urllib.parse import quote
 import polars as pl
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
+from sinks.durable import fsync_dir, write_atomic, write_with
 from sinks.exceptions import SinkConfigError, SinkError
 
 ParquetCompression = Literal["lz4", "uncompressed", "snappy", "gzip", "brotli", "zstd"]
@@ -114,8 +116,8 @@ class ParquetSink(Sink):
         if self._root.exists() and not self._root.is_dir():
             raise SinkConfigError(f"Parquet output path {self._root} exists and is not a directory")
         (self._root / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
-        _fsync(self._root.parent)  # make the directories themselves durable
-        _fsync(self._root)
+        fsync_dir(self._root.parent)  # make the directories themselves durable
+        fsync_dir(self._root)
         entries = _entry_paths(self._root)
         if entries:
             latest = _read_entry(entries[-1][1], entries[-1][0])
@@ -172,7 +174,7 @@ class ParquetSink(Sink):
             "schema": self._schema_text(df),
         }
         try:
-            _write_bytes_atomic(entry, _encode(body))
+            write_atomic(entry, _encode(body))
         except OSError as exc:
             raise SinkError(
                 f"cannot write manifest entry {entry} of batch {batch_id}: {exc}"
@@ -208,18 +210,14 @@ class ParquetSink(Sink):
         for rel, part in groups:
             final = self._root / rel
             final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-            try:
-                part.write_parquet(tmp, compression=self.compression, statistics=True)
-                _fsync(tmp)
-                os.replace(tmp, final)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            write_with(
+                final,
+                partial(part.write_parquet, compression=self.compression, statistics=True),
+            )
             files.append({"path": rel, "rows": part.height, "bytes": final.stat().st_size})
             dirs.update(p for p in final.parents if p == self._root or self._root in p.parents)
         for directory in sorted(dirs, reverse=True):
-            _fsync(directory)
+            fsync_dir(directory)
         return files, partitions
 
     def _split(
@@ -423,25 +421,3 @@ def _frame_from_text(text: str) -> pl.DataFrame:
 # -- durable file operations ------------------------------------------------------------------
 
 
-def _fsync(path: Path) -> None:
-    """Flush a file's data, or a directory's entries (renames, creates), to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync(path.parent)

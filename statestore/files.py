@@ -11,9 +11,9 @@ itself computed with the digest's two copies (header and footer schema)
 replaced by a fixed placeholder. A reader restores the placeholder and checks
 the digest, so any flipped or missing byte is detected.
 
-Writes go to a temp file in the same directory, are fsync'ed, renamed over the
-target and the directory is fsync'ed: a reader sees the old file or the whole
-new one. A version is committed once its changelog file exists.
+Writes go through :mod:`statestore.durable` (temp file, fsync, rename, directory
+fsync): a reader sees the old file or the whole new one. A version is committed
+once its changelog file exists.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Literal
 import polars as pl
 import pyarrow as pa
 
+from statestore.durable import TMP_SUFFIX, fsync_dir, write_atomic
 from statestore.exceptions import StateCorruptError, StateStoreError
 
 FORMAT_VERSION = 1
@@ -38,16 +39,6 @@ _M_FORMAT = b"statestore.format"
 _M_KIND = b"statestore.kind"
 _M_VERSION = b"statestore.version"
 _M_DIGEST = b"statestore.sha256"
-_TMP_SUFFIX = ".tmp"
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a create, rename or unlink inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pieces(raw: memoryview, at: list[int], middle: bytes) -> list[memoryview | bytes]:
@@ -90,19 +81,7 @@ def write_arrow(
     raw = sink.getvalue().to_pybytes()
     offsets = _digest_offsets(raw, _PLACEHOLDER)
     digest = hashlib.sha256(raw).hexdigest().encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}{_TMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for piece in _pieces(memoryview(raw), offsets, digest):
-            view = memoryview(piece)
-            while view:
-                view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-    return len(raw)
+    return write_atomic(path, _pieces(memoryview(raw), offsets, digest))
 
 
 def read_arrow(
@@ -191,7 +170,7 @@ class VersionFiles:
         for d in self.dirs.values():
             d.mkdir(parents=True, exist_ok=True)
         for d in self.dirs.values():
-            for leftover in d.glob(f".*{_TMP_SUFFIX}"):  # writes cut short by a crash
+            for leftover in d.glob(f".*{TMP_SUFFIX}"):  # writes cut short by a crash
                 leftover.unlink(missing_ok=True)
 
     def path(self, kind: Kind, version: int) -> Path:

@@ -117,3 +117,15 @@ def test_every_package_has_an_init_with_a_docstring() -> None:
             init = directory / "__init__.py"
             assert init.is_file(), f"{directory} is a package without __init__.py"
             assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says nothing"
+
+
+def test_the_sinks_copy_of_the_durable_write_layer_is_identical() -> None:
+    """``sinks`` may not import ``statestore``, so it keeps a copy of
+    ``statestore/durable.py``; below the module docstring the two must not drift."""
+
+    def body(path: Path) -> str:
+        tree = ast.parse(path.read_text())
+        tree.body = tree.body[1:]  # the docstring
+        return ast.unparse(tree)
+
+    assert body(ROOT / "sinks" / "durable.py") == body(ROOT / "statestore" / "durable.py")

@@ -1,20 +1,22 @@
 """Atomic, checksummed JSON files: the one on-disk format of the checkpoint.
 
 A file is ``{"format": F, "kind": K, "sha256": H, "body": B}`` where ``H`` is
-the SHA-256 of the canonical JSON of ``B``. Writes go to a temp file in the
-same directory, are fsync'ed, then renamed over the target (and the directory
-is fsync'ed), so a reader sees either the old file or the whole new one.
+the SHA-256 of the canonical JSON of ``B``. Writes go through
+:mod:`statestore.durable` (temp file, fsync, rename, directory fsync), so a
+reader sees either the old file or the whole new one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from microbatch.exceptions import CheckpointCorruptError, CheckpointFormatError
+from statestore.durable import fsync_dir, write_atomic
+
+__all__ = ["encode", "fsync_dir", "read_json", "write_bytes_atomic", "write_json_atomic"]
 
 FORMAT_VERSION = 1
 
@@ -23,35 +25,9 @@ def _canonical(body: Any) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename or create inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` so that readers never see a partial file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as exc:
-        # NOTE: os.write errors (a full disk) carry no file name: name the target
-        tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, exc.strerror, str(path)) from exc
-    if durable:
-        fsync_dir(path.parent)
+    write_atomic(path, data, durable=durable)
 
 
 def encode(kind: str, body: Any) -> bytes:

@@ -44,10 +44,11 @@ from microbatch.operators.join_state import (
     require_same_key_types,
     split_late,
 )
+from microbatch.operators.state import StoreSet
 from microbatch.plan.joins import AsOfJoinSpec, output_columns
 
 if TYPE_CHECKING:
-    from statestore import StateStore, StateStoreProvider
+    pass
 
 RID, SLOT, VF, NEXT, N, FOUND, OLD = "__rid", "__slot", "__vf", "__next", "__n", "__found", "__old"
 HIT = "__hit"
@@ -64,8 +65,7 @@ class AsOfJoin(BinaryOperator):
         self.on = list(spec.on)
         self.events_in = InputState("events")
         self.dim_in = InputState("dimension")
-        self.providers: dict[str, StateStoreProvider] = {}
-        self.stores: dict[str, StateStore] = {}
+        self.state = StoreSet()
 
     def signature(self) -> dict[str, Any]:
         return self.spec.describe()
@@ -73,7 +73,7 @@ class AsOfJoin(BinaryOperator):
     # ----------------------------------------------------------- state
 
     def open(self, state_dir: Path | None, batch_id: int) -> None:
-        self.providers, self.stores = {}, {}
+        self.state = StoreSet()
         if state_dir is not None:
             check_signature(state_dir, self.signature())
         if self.events_in.open(None if state_dir is None else state_dir / "events"):
@@ -82,12 +82,11 @@ class AsOfJoin(BinaryOperator):
             self._dim_providers()
 
     def _events_provider(self) -> None:
-        from statestore import StateStoreProvider
-
         schema = self.events_in.schema
         assert schema is not None
         assert self.events_in.directory is not None
-        self.providers["events"] = StateStoreProvider(
+        self.state.define(
+            "events",
             self.events_in.directory / "rows",
             key_schema={RID: pl.Int64()},
             value_schema={**schema, T: pl.Int64()},
@@ -95,22 +94,21 @@ class AsOfJoin(BinaryOperator):
         )
 
     def _dim_providers(self) -> None:
-        from statestore import StateStoreProvider
-
         schema = self.dim_in.schema
         directory = self.dim_in.directory
         assert schema is not None
         assert directory is not None
         keys = {k: schema[k] for k in self.on}
         values = {c: t for c, t in schema.items() if c not in self.on}
-        self.providers["versions"] = StateStoreProvider(
+        self.state.define(
+            "versions",
             directory / "versions",
             key_schema={**keys, SLOT: pl.Int64()},
             value_schema={**values, VF: pl.Int64(), NEXT: pl.Int64()},
             time_column=NEXT,
         )
-        self.providers["index"] = StateStoreProvider(
-            directory / "index", key_schema=keys, value_schema={N: pl.Int64()}
+        self.state.define(
+            "index", directory / "index", key_schema=keys, value_schema={N: pl.Int64()}
         )
 
     def _prepare(self, events: pl.DataFrame, dim: pl.DataFrame, batch_id: int) -> None:
@@ -131,33 +129,28 @@ class AsOfJoin(BinaryOperator):
                 self._dim_providers()
             else:
                 self.dim_in.check(dim.schema, batch_id)
-        for name, provider in self.providers.items():
+        for name in self.state.providers:
+            # NOTE: each input's stores count versions from the batch it was first seen in
             base = self.events_in if name == "events" else self.dim_in
-            self.stores[name] = provider.load(base.version(batch_id))
+            self.state.load(name, base.version(batch_id))
 
     def commit(self) -> None:
-        for store in self.stores.values():
-            store.commit()
+        self.state.commit()
 
     def abort(self) -> None:
-        for store in self.stores.values():
-            store.abort()
-        self.stores = {}
+        self.state.abort()
 
     def has_expirable_state(self, watermark_ms: int | None) -> bool:
-        return watermark_ms is not None and bool(self.providers)
+        return watermark_ms is not None and bool(self.state)
 
     def metrics(self) -> dict[str, Any]:
-        rows = {name: store.num_rows for name, store in self.stores.items()}
-        figures = [store.metrics for store in self.stores.values()]
+        rows = {name: self.state.rows(name) for name in ("events", "versions", "index")}
         return {
+            **self.state.totals(),
             "rows": sum(rows.values()),
-            "bytes": sum(m["bytes"] for m in figures),
-            "commit_ms": round(sum(m["commit_ms"] for m in figures), 3),
-            "changelog_bytes": sum(m["changelog_bytes"] for m in figures),
-            "events_waiting": rows.get("events", 0),
-            "dimension_versions": rows.get("versions", 0),
-            "dimension_keys": rows.get("index", 0),
+            "events_waiting": rows["events"],
+            "dimension_versions": rows["versions"],
+            "dimension_keys": rows["index"],
         }
 
     # ----------------------------------------------------------- batch
@@ -168,17 +161,17 @@ class AsOfJoin(BinaryOperator):
         wm = ctx.watermark_ms
         self._prepare(left, right, ctx.batch_id)
         late_rows = 0
-        if "versions" in self.stores and self.dim_in.schema is not None:
+        if self.state.get("versions") is not None and self.dim_in.schema is not None:
             dim = right if right.width else self.dim_in.schema.to_frame()
             new, late = split_late(dim, self.spec.dim_time, wm, "dimension")
             late_rows += late.height
             if late.height:
                 ctx.late_rows.append(late)
             self._add_versions(new.filter(pl.all_horizontal(pl.col(self.on).is_not_null())))
-        if "events" not in self.stores or self.events_in.schema is None:
+        if self.state.get("events") is None or self.events_in.schema is None:
             ctx.metrics[self.operator_id] = {**self.metrics(), "late_rows": late_rows}
             return pl.DataFrame()
-        events = self.stores["events"]
+        events = self.state["events"]
         frame = left if left.width else self.events_in.schema.to_frame()
         new, late = split_late(frame, self.spec.time, wm, "events")
         late_rows += late.height
@@ -193,8 +186,8 @@ class AsOfJoin(BinaryOperator):
             else pl.DataFrame(schema={RID: pl.Int64(), **self.events_in.schema, T: pl.Int64()})
         )
         out = self._enrich(ready.drop(RID))
-        if wm is not None and "versions" in self.stores:
-            self.stores["versions"].pop_expired(wm)  # superseded before the watermark
+        if wm is not None and self.state.get("versions") is not None:
+            self.state["versions"].pop_expired(wm)  # superseded before the watermark
         ctx.metrics[self.operator_id] = {
             **self.metrics(),
             "late_rows": late_rows,
@@ -204,7 +197,7 @@ class AsOfJoin(BinaryOperator):
 
     def _versions_of(self, keys: pl.DataFrame) -> pl.DataFrame:
         """Every stored version of ``keys`` (unique, non-null), with its slot."""
-        versions, index = self.stores["versions"], self.stores["index"]
+        versions, index = self.state["versions"], self.state["index"]
         counts = index.lookup(keys).filter(pl.col(FOUND) & (pl.col(N) > 0))
         # NOTE: slots below a key's oldest live version were dropped by pop_expired
         # (holes); they are probed and not found until the key's next re-slotting
@@ -218,7 +211,7 @@ class AsOfJoin(BinaryOperator):
         if not new.height:
             return
         assert self.dim_in.schema is not None
-        versions, index = self.stores["versions"], self.stores["index"]
+        versions, index = self.state["versions"], self.state["index"]
         values = [c for c in self.dim_in.schema if c not in self.on]
         keys = new.select(self.on).unique(maintain_order=True)
         stored = self._versions_of(keys)

@@ -48,10 +48,11 @@ from microbatch.operators.join_state import (
     require_same_key_types,
     split_late,
 )
+from microbatch.operators.state import StoreSet
 from microbatch.plan.joins import IntervalJoinSpec, output_columns
 
 if TYPE_CHECKING:
-    from statestore import StateStore, StateStoreProvider
+    from statestore import StateStore
 
 SLOT, EXP, MATCHED = "__slot", "__exp", "__matched"
 LO, HI, MAXEXP, FOUND = "__lo", "__hi", "__maxexp", "__found"
@@ -77,15 +78,12 @@ class JoinSide:
         self.track = track
         """Whether unmatched rows of this input are emitted (outer side)."""
         self.input = InputState(side)
-        self.providers: dict[str, StateStoreProvider] = {}
-        self.rows: StateStore | None = None
-        self.index: StateStore | None = None
+        self.state = StoreSet()
 
     # ------------------------------------------------------------ lifecycle
 
     def open(self, directory: Path | None) -> None:
-        self.rows = self.index = None
-        self.providers = {}
+        self.state = StoreSet()
         if self.input.open(directory):
             self._make_providers()
 
@@ -98,14 +96,20 @@ class JoinSide:
                 self._make_providers()
             else:
                 self.input.check(df.schema, batch_id)
-        if self.providers:
-            version = self.input.version(batch_id)
-            self.rows = self.providers["rows"].load(version)
-            self.index = self.providers["index"].load(version)
+        if self.state:
+            self.state.load_all(self.input.version(batch_id))
+
+    @property
+    def rows(self) -> StateStore | None:
+        """The input's rows by (key, slot), as loaded for this batch."""
+        return self.state.get("rows")
+
+    @property
+    def index(self) -> StateStore | None:
+        """Per key: the live slot range and the latest expiry."""
+        return self.state.get("index")
 
     def _make_providers(self) -> None:
-        from statestore import StateStoreProvider
-
         schema = self.input.schema
         directory = self.input.directory
         assert schema is not None
@@ -115,20 +119,20 @@ class JoinSide:
         values[EXP] = pl.Int64()
         if self.track:
             values[MATCHED] = pl.Boolean()
-        self.providers = {
-            "rows": StateStoreProvider(
-                directory / "rows",
-                key_schema={**keys, SLOT: pl.Int64()},
-                value_schema=values,
-                time_column=EXP,
-            ),
-            "index": StateStoreProvider(
-                directory / "index",
-                key_schema=keys,
-                value_schema={LO: pl.Int64(), HI: pl.Int64(), MAXEXP: pl.Int64()},
-                time_column=MAXEXP,
-            ),
-        }
+        self.state.define(
+            "rows",
+            directory / "rows",
+            key_schema={**keys, SLOT: pl.Int64()},
+            value_schema=values,
+            time_column=EXP,
+        )
+        self.state.define(
+            "index",
+            directory / "index",
+            key_schema=keys,
+            value_schema={LO: pl.Int64(), HI: pl.Int64(), MAXEXP: pl.Int64()},
+            time_column=MAXEXP,
+        )
 
     @property
     def known(self) -> bool:
@@ -139,28 +143,17 @@ class JoinSide:
         assert self.input.schema is not None
         return self.input.schema
 
-    def stores(self) -> list[StateStore]:
-        return [s for s in (self.rows, self.index) if s is not None]
-
     def commit(self) -> None:
-        for store in self.stores():
-            store.commit()
+        self.state.commit()
 
     def abort(self) -> None:
-        for store in self.stores():
-            store.abort()
-        self.rows = self.index = None
+        self.state.abort()
 
     def metrics(self) -> dict[str, Any]:
-        if self.rows is None or self.index is None:
-            return {"rows": 0, "keys": 0, "bytes": 0, "commit_ms": 0.0, "changelog_bytes": 0}
-        rows, index = self.rows.metrics, self.index.metrics
         return {
-            "rows": self.rows.num_rows,
-            "keys": self.index.num_rows,
-            "bytes": rows["bytes"] + index["bytes"],
-            "commit_ms": rows["commit_ms"] + index["commit_ms"],
-            "changelog_bytes": rows["changelog_bytes"] + index["changelog_bytes"],
+            **self.state.totals(),
+            "rows": self.state.rows("rows"),
+            "keys": self.state.rows("index"),
         }
 
     # ---------------------------------------------------------------- batch

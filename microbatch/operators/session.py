@@ -40,13 +40,14 @@ from microbatch.operators.base import (
     check_signature,
     split_late_by_time,
 )
+from microbatch.operators.state import StoreSet
 from microbatch.operators.window_agg import _ms_to, _read_schema, _write_schema
 from microbatch.plan.aggregates import TIME, AggSpec
 from microbatch.plan.windows import SessionWindowSpec
 from sinks.base import OutputMode
 
 if TYPE_CHECKING:
-    from statestore import StateStore, StateStoreProvider
+    from statestore import StateStore
 
 S, E, SLOT, N, MAX_END = "__s", "__e", "__slot", "__n", "__max_end"
 
@@ -70,9 +71,7 @@ class SessionAggregate(StatefulOperator):
         self.aggs = aggs
         self.output_mode = output_mode
         self.state_dir: Path | None = None
-        self.providers: dict[str, StateStoreProvider] = {}
-        self.sessions: StateStore | None = None
-        self.index: StateStore | None = None
+        self.state = StoreSet()
         self.out_time_dtype: pl.DataType | None = None
         self.row_schema = pl.Schema()
         self.pcols = [n for a in aggs for n in a.partial_names()]
@@ -93,29 +92,37 @@ class SessionAggregate(StatefulOperator):
                 self._make_providers(_read_schema(state_dir / "schema.arrow"))
 
     def _make_providers(self, schema: dict[str, Any]) -> None:
-        from statestore import StateStoreProvider
-
         assert self.state_dir is not None
         self.out_time_dtype = schema["out_time"]
         keys = schema["keys"]
         self.row_schema = pl.Schema({**keys, SLOT: pl.Int64, **schema["values"]})
-        self.providers = {
-            "sessions": StateStoreProvider(
-                self.state_dir / "sessions",
-                key_schema={**keys, SLOT: pl.Int64},
-                value_schema=schema["values"],
-                time_column=E,
-            ),
-            "index": StateStoreProvider(
-                self.state_dir / "index",
-                key_schema=keys,
-                value_schema={N: pl.Int64, MAX_END: pl.Int64},
-                time_column=MAX_END,
-            ),
-        }
+        self.state.define(
+            "sessions",
+            self.state_dir / "sessions",
+            key_schema={**keys, SLOT: pl.Int64},
+            value_schema=schema["values"],
+            time_column=E,
+        )
+        self.state.define(
+            "index",
+            self.state_dir / "index",
+            key_schema=keys,
+            value_schema={N: pl.Int64, MAX_END: pl.Int64},
+            time_column=MAX_END,
+        )
+
+    @property
+    def sessions(self) -> StateStore:
+        """Sessions keyed by (keys, slot), the session end as time column."""
+        return self.state["sessions"]
+
+    @property
+    def index(self) -> StateStore:
+        """Per key: the slot high-water mark and the latest session end."""
+        return self.state["index"]
 
     def _load(self, df: pl.DataFrame, batch_id: int) -> bool:
-        if not self.providers:
+        if not self.state:
             if df.width == 0:
                 return False
             values: dict[str, pl.DataType] = {S: pl.Int64, E: pl.Int64}
@@ -138,20 +145,14 @@ class SessionAggregate(StatefulOperator):
                 keys=self.keys,
                 aggs=self.aggs,
             )
-        self.sessions = self.providers["sessions"].load(batch_id)
-        self.index = self.providers["index"].load(batch_id)
+        self.state.load_all(batch_id)
         return True
 
     def commit(self) -> None:
-        for store in (self.sessions, self.index):
-            if store is not None:
-                store.commit()
+        self.state.commit()
 
     def abort(self) -> None:
-        for store in (self.sessions, self.index):
-            if store is not None:
-                store.abort()
-        self.sessions = self.index = None
+        self.state.abort()
 
     def eviction(self, *, has_watermark: bool) -> str:
         """``complete`` mode keeps every session forever."""
@@ -161,13 +162,14 @@ class SessionAggregate(StatefulOperator):
         return self.output_mode != "complete"
 
     def metrics(self) -> dict[str, Any]:
-        if self.sessions is None or self.index is None:
+        if self.state.get("sessions") is None:
             return {}
-        m = dict(self.sessions.metrics)
-        m["rows"] = self.sessions.num_rows
-        m["keys"] = self.index.num_rows
-        m["bytes"] = m.get("bytes", 0) + self.index.metrics.get("bytes", 0)
-        return m
+        return {
+            **self.sessions.metrics,
+            **self.state.totals(),
+            "rows": self.state.rows("sessions"),
+            "keys": self.state.rows("index"),
+        }
 
     # ------------------------------------------------------------ batch
 
@@ -202,8 +204,6 @@ class SessionAggregate(StatefulOperator):
     def _merge(self, events: pl.DataFrame) -> pl.DataFrame:
         """Merge batch events with their keys' stored sessions; stage the result;
         return the keys' sessions as one row per (key, session)."""
-        assert self.sessions is not None
-        assert self.index is not None
         keys = events.select(self.keys).unique(maintain_order=True)
         high = self.index.lookup(keys).select(
             *self.keys, pl.when("__found").then(pl.col(N)).otherwise(0).alias(N)
@@ -254,8 +254,6 @@ class SessionAggregate(StatefulOperator):
         return sessions
 
     def _emit(self, changed: pl.DataFrame | None, wm: int | None) -> pl.DataFrame:
-        assert self.sessions is not None
-        assert self.index is not None
         closed = None
         if wm is not None and self.output_mode != "complete":
             closed = self.sessions.pop_expired(wm)

@@ -166,11 +166,12 @@ def test_a_checkpoint_write_without_space_names_the_file_and_leaves_no_temp(
 ) -> None:
     # was: "[Errno 28] No space left on device" naming no file, and a stray temp file
     from microbatch.checkpoint import files
+    from statestore import durable
 
     def full(fd: int, data: object) -> int:
         raise OSError(errno.ENOSPC, NO_SPACE)
 
-    monkeypatch.setattr(files.os, "write", full)
+    monkeypatch.setattr(durable.os, "write", full)  # the durable-write layer's writes
     target = tmp_path / "offsets" / "7"
     target.parent.mkdir()
 
