@@ -6,7 +6,7 @@ dropped as late: ``n_all``) and this engine's final watermark:
 
 - ``open at our end``: the peer emitted a window that this engine's final
   watermark had not closed (Bytewax flushes every window at end of input,
-  Flink-style; ours and Spark leave them open, see DESIGN.md);
+  Flink-style; ours and Spark leave them open, see docs/design.md);
 - ``peer kept late rows``: same window, the peer's count is higher than ours:
   it accepted rows that our (Spark's) rule dropped as late;
 - ``peer dropped more``: the peer's count is lower: its lateness rule cut

@@ -2,8 +2,14 @@
 
 >>> import polars as pl
 >>> import microbatch as mb
->>> stream = mb.generate(total_rows=1000, rows_per_second=None, seed=1)
->>> query = stream.filter(pl.col("amount") > 100).write_memory("big").start(trigger="available-now")
+>>> stream = mb.generate(total_rows=1000, rows_per_second=None, seed=1,
+...                      start="2026-01-01T00:00:00+00:00")
+>>> query = stream.filter(pl.col("amount") > 100).write_memory("doc_big").start(
+...     trigger="available-now")
+>>> query.await_termination()
+True
+>>> mb.table("doc_big").height
+134
 """
 
 from __future__ import annotations

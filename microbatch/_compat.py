@@ -25,7 +25,6 @@ MOVED: dict[str, str] = {
     "microbatch.windows": "microbatch.plan.windows",
     "microbatch.aggregates": "microbatch.plan.aggregates",
     "microbatch.joins": "microbatch.plan.joins",
-    "microbatch.durations": "microbatch.plan.durations",
     "microbatch.triggers": "microbatch.plan.triggers",
     "microbatch.execution": "microbatch.engine.execution",
     "microbatch.executor": "microbatch.engine.executor",

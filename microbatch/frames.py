@@ -13,11 +13,13 @@ or the size of Polars' thread pool (``tests/engine/test_determinism.py``).
 
 from __future__ import annotations
 
+from typing import Final, Literal
+
 import polars as pl
 
 __all__ = ["ENGINE", "collect"]
 
-ENGINE = "in-memory"
+ENGINE: Final[Literal["in-memory"]] = "in-memory"
 """The Polars engine of every collect on the batch path."""
 
 

@@ -64,6 +64,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
+from polars.datatypes import DataTypeClass
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.exceptions import SinkConfigError, SinkError
@@ -80,7 +81,13 @@ MAX_ATTEMPTS = 10
 """How many times a batch is tried after commit conflicts before the sink gives up."""
 
 _SOURCE, _TARGET = "s", "t"
-_UNSIGNED = {pl.UInt8: pl.Int16, pl.UInt16: pl.Int32, pl.UInt32: pl.Int64, pl.UInt64: pl.Int64}
+_UNSIGNED: dict[type[pl.DataType], pl.DataType] = {
+    pl.UInt8: pl.Int16(),
+    pl.UInt16: pl.Int32(),
+    pl.UInt32: pl.Int64(),
+    pl.UInt64: pl.Int64(),
+}
+"""Delta has no unsigned integers: each is widened to the signed type that holds it."""
 _INT64_MAX = 2**63 - 1
 
 
@@ -328,7 +335,7 @@ class DeltaSink(Sink):
             raise SinkError(_mismatch_message(self.uri, batch_id, problems, self.schema_mode))
         if not problems:
             return data.select(target.names)
-        table_types = pl.from_arrow(target.empty_table()).schema  # type: ignore[union-attr]
+        table_types = pl.DataFrame(target.empty_table()).schema
         fill = [
             pl.lit(None, table_types[n]).alias(n) for n in target.names if n not in data.columns
         ]
@@ -428,7 +435,7 @@ def delta_frame(df: pl.DataFrame, *, batch_id: int, uri: str) -> pl.DataFrame:
     exprs = []
     for name, target in casts.items():
         dtype = df.schema[name]
-        if dtype == pl.UInt64 and df.height and (df[name].max() or 0) > _INT64_MAX:  # type: ignore[operator]
+        if dtype == pl.UInt64 and df.select((pl.col(name) > _INT64_MAX).any()).item():
             raise SinkError(
                 f"Delta table {uri}: batch {batch_id} column {name!r} (UInt64) holds values "
                 "above 2**63-1, which Delta's long cannot hold; cast it to a decimal or string"
@@ -441,10 +448,14 @@ def delta_frame(df: pl.DataFrame, *, batch_id: int, uri: str) -> pl.DataFrame:
     return df.with_columns(exprs)
 
 
-def _delta_dtype(dtype: pl.DataType, name: str, batch_id: int, uri: str) -> pl.DataType:
+def _delta_dtype(
+    dtype: pl.DataType | DataTypeClass, name: str, batch_id: int, uri: str
+) -> pl.DataType:
+    if isinstance(dtype, DataTypeClass):  # nested types may hold classes, not instances
+        return _delta_dtype(dtype(), name, batch_id, uri)
     base = dtype.base_type()
     if base in _UNSIGNED:
-        return _UNSIGNED[base]()  # type: ignore[index]
+        return _UNSIGNED[base]
     if base in (pl.Categorical, pl.Enum):
         return pl.String()
     if isinstance(dtype, pl.Datetime):

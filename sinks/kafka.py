@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import polars as pl
@@ -331,7 +331,9 @@ class KafkaSink(Sink):
             return
         base = list(headers or [])
         for i, value in enumerate(values):
-            row_headers = [*base, ("mb_row", str(i).encode())] if headers is not None else []
+            row_headers: list[tuple[str, bytes | None]] = (
+                [*base, ("mb_row", str(i).encode())] if headers is not None else []
+            )
             row_headers.extend((name, col[i]) for name, col in extra.items())
             key = keys[i] if keys is not None else None
             while True:
@@ -367,14 +369,14 @@ class KafkaSink(Sink):
             i += chunk
         producer.flush(_TIMEOUT_S)
 
-    def _values(self, df: pl.DataFrame) -> list[bytes]:
+    def _values(self, df: pl.DataFrame) -> Sequence[bytes | None]:
         if self.format == "raw":
             if "value" not in df.columns:
                 raise SinkError(
                     f"KafkaSink({self.topic!r}) with format='raw' needs a 'value' "
                     f"column; the batch has {df.columns}"
                 )
-            return self._column_bytes(df, pl.col("value"))  # type: ignore[return-value]
+            return self._column_bytes(df, pl.col("value"))  # a null value is a tombstone
         text = df.write_ndjson()
         lines = text.encode().split(b"\n")
         if lines and lines[-1] == b"":

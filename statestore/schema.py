@@ -100,7 +100,7 @@ class ColumnSpec:
             return pl.Series(self.name, pa.array(values, type=arrow_type, mask=mask))
         items = values.tolist()
         if valid is not None:
-            items = np.where(valid, values, None).tolist()
+            items = np.where(valid, values.astype(object), np.array(None)).tolist()
         return pl.Series(self.name, items, dtype=self.dtype)
 
 

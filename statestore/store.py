@@ -405,7 +405,7 @@ class StateStore:
 
     def _time_current(self, times: np.ndarray, rows: np.ndarray) -> np.ndarray:
         column = self._rows.columns[self._time_name or ""]
-        ok = self._rows.alive[rows] & (column.values[rows] == times)
+        ok: np.ndarray = self._rows.alive[rows] & (column.values[rows] == times)
         if column.valid is not None:
             ok &= column.valid[rows]
         return ok

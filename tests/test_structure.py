@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,3 +130,24 @@ def test_the_sinks_copy_of_the_durable_write_layer_is_identical() -> None:
         return ast.unparse(tree)
 
     assert body(ROOT / "sinks" / "durable.py") == body(ROOT / "statestore" / "durable.py")
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[0] if parts[0] != "microbatch" or len(parts) == 1 else ".".join(parts[:2])
+
+
+def test_the_rooms_of_microbatch_form_layers() -> None:
+    """Between sub-packages too, dependencies run one way (the README's table):
+    ``plan`` does not reach into the engine, ``observability`` reads pushed facts
+    and snapshots, never the engine or the query."""
+    rooms: dict[str, set[str]] = defaultdict(set)
+    for name, targets in _graph().items():
+        for target in targets:
+            if _room(name) != _room(target):
+                rooms[_room(name)].add(_room(target))
+    assert _cycles(rooms) == []
+    assert "microbatch.engine" not in rooms["microbatch.observability"]
+    assert "microbatch.api" not in rooms["microbatch.observability"]
+    assert "microbatch.engine" not in rooms["microbatch.plan"]
+    assert "microbatch.engine" not in rooms["microbatch.operators"]

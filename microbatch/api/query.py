@@ -32,7 +32,20 @@ class StreamingQuery:
     """A started query. Thread-safe; every method may be called from any thread.
 
     ``id`` is stable across restarts of the same checkpoint; ``run_id``
-    changes each start.
+    changes each start. The query runs its trigger loop in a background
+    thread; ``await_termination`` waits for it and ``stop`` ends it
+    gracefully.
+
+    Examples
+    --------
+    >>> stream = mb.read_memory(pl.DataFrame({"x": [1, 2, 3]}))
+    >>> query = stream.write_memory("doc_streaming_query").start(trigger="available-now")
+    >>> query.await_termination()
+    True
+    >>> query.is_active, query.exception
+    (False, None)
+    >>> query
+    <StreamingQuery id=... active=False status='stopped'>
     """
 
     def __init__(self, execution: MicroBatchExecution, *, name: str | None = None) -> None:
@@ -139,7 +152,24 @@ class StreamingQuery:
 
     @property
     def status(self) -> dict[str, Any]:
-        """What the query is doing now (JSON-serializable)."""
+        """What the query is doing now (JSON-serializable).
+
+        Returns
+        -------
+        dict
+            ``message`` (e.g. ``"running"``, ``"stopped"``, ``"failed: ..."``),
+            ``is_active``, ``next_batch_id`` and ``falling_behind`` (a batch
+            overran its trigger interval).
+
+        Examples
+        --------
+        >>> stream = mb.read_memory(pl.DataFrame({"x": [1, 2, 3]}), max_records_per_batch=2)
+        >>> query = stream.write_memory("doc_status").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+        >>> query.status
+        {'message': 'stopped', 'is_active': False, 'next_batch_id': 2, 'falling_behind': False}
+        """
         ex = self._exec
         return {
             "message": ex.status_message,
@@ -150,13 +180,43 @@ class StreamingQuery:
 
     @property
     def last_progress(self) -> dict[str, Any] | None:
-        """The progress record of the newest batch, or ``None``."""
+        """The progress record of the newest batch, or ``None``.
+
+        A record is a JSON-serializable dict: ``batch_id``, ``input_rows``,
+        ``output_rows``, ``late_rows``, ``dead_letter_rows``, the watermark in
+        force (``watermark_ms``) and the next one, durations, per-source offsets
+        and lag, state sizes and more (see :mod:`microbatch.observability.record`).
+        After a restart it starts from the records kept in the checkpoint.
+
+        Examples
+        --------
+        >>> stream = mb.read_memory(pl.DataFrame({"x": [1, 2, 3]}))
+        >>> query = stream.write_memory("doc_last_progress").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+        >>> p = query.last_progress
+        >>> p["batch_id"], p["input_rows"], p["output_rows"], p["trigger"]
+        (0, 3, 3, 'available-now')
+        """
         recent = self._exec.progress.recent
         return recent[-1] if recent else None
 
     @property
     def recent_progress(self) -> list[dict[str, Any]]:
-        """Progress records of recent batches, oldest first."""
+        """Progress records of recent batches, oldest first.
+
+        Each record is as :attr:`last_progress`; the records of older batches are
+        dropped as new ones arrive.
+
+        Examples
+        --------
+        >>> stream = mb.read_memory(pl.DataFrame({"x": [1, 2, 3, 4, 5]}), max_records_per_batch=2)
+        >>> query = stream.write_memory("doc_recent_progress").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+        >>> [(p["batch_id"], p["input_rows"]) for p in query.recent_progress]
+        [(0, 2), (1, 2), (2, 1)]
+        """
         return list(self._exec.progress.recent)
 
     def snapshot(self) -> QuerySnapshot:
@@ -187,7 +247,41 @@ class StreamingQuery:
         return None if self._metrics is None else self._metrics.url
 
     def explain(self) -> None:
-        """Print the plan with its stateful operators, state sizes and watermarks."""
+        """Print the plan with its stateful operators, state sizes and watermarks.
+
+        The figures are live: the query's status, the state rows and bytes of
+        each stateful operator, the watermark and what holds it per partition,
+        each source's position and lag, and a summary of the newest batch.
+        :meth:`explain_text` returns the same text.
+
+        Examples
+        --------
+        >>> from datetime import datetime
+        >>> events = pl.DataFrame(
+        ...     {"ts": [datetime(2026, 1, 1, 0, 0, s) for s in (5, 30, 50)], "k": [1, 1, 2]}
+        ... )
+        >>> query = (
+        ...     mb.read_memory(events)
+        ...     .with_watermark("ts", "10s")
+        ...     .group_by(mb.window("ts", "1m"), "k")
+        ...     .agg(pl.len().alias("n"))
+        ...     .write_memory("doc_explain")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> query.explain()
+        StreamingQuery ... [stopped]
+        checkpoint: ...
+        trigger: available-now
+        <BLANKLINE>
+        == Plan (root first), with state and watermarks ==
+        Aggregate[kind=window, column=ts, ...; keys=['k']](len() as n)  [stateful]
+          └ state agg-0: 2 rows, ...
+          Watermark(ts, delay=10000ms)
+            └ watermark wm-0: query watermark 2026-01-01T00:00:40.000+00:00 ...
+        ...
+        """
         print(self.explain_text())  # printing is the point, as in Spark
 
     def explain_text(self) -> str:
@@ -203,7 +297,31 @@ class StreamingQuery:
         return query_html(self.snapshot())
 
     def stop(self, timeout: float | None = None) -> None:
-        """Finish the batch in flight, commit it, then stop; waits for that."""
+        """Finish the batch in flight, commit it, then stop; waits for that.
+
+        A stopped query can be started again on the same checkpoint
+        (``writer.start(checkpoint)``) and resumes where it stopped.
+        :meth:`request_stop` asks for the same without waiting.
+
+        Parameters
+        ----------
+        timeout
+            Wait at most this many seconds (``None``: until the query stopped).
+
+        Examples
+        --------
+        >>> src = mb.read_memory(schema={"x": pl.Int64})
+        >>> query = src.write_memory("doc_stop").start(trigger="1s")
+        >>> query.is_active
+        True
+        >>> _ = src.add({"x": [1, 2]})
+        >>> query.process_all_available()
+        >>> query.stop()
+        >>> query.is_active, query.status["message"]
+        (False, 'stopped')
+        >>> mb.table("doc_stop")["x"].to_list()
+        [1, 2]
+        """
         self._exec.stop_requested.set()
         self._exec.wake.set()
         self._done.wait(timeout)
@@ -216,8 +334,56 @@ class StreamingQuery:
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait until the query stops; re-raise the error that stopped it.
 
-        Returns ``True`` when the query has terminated, ``False`` when the
-        timeout passed first.
+        Parameters
+        ----------
+        timeout
+            Wait at most this many seconds (``None``: as long as it takes).
+
+        Returns
+        -------
+        bool
+            ``True`` when the query has terminated, ``False`` when the timeout
+            passed first.
+
+        Raises
+        ------
+        QueryTerminatedError
+            When a batch failed and stopped the query; ``__cause__`` holds the
+            error.
+
+        Examples
+        --------
+        A query with ``trigger="available-now"`` stops once it processed what was
+        available at its start:
+
+        >>> stream = mb.read_memory(pl.DataFrame({"x": [1, 2, 3]}))
+        >>> query = stream.write_memory("doc_await").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+
+        A query that runs until stopped is still active when the timeout passes:
+
+        >>> live = mb.read_memory(schema={"x": pl.Int64}).write_memory("doc_await_live").start()
+        >>> live.await_termination(timeout=0.1)
+        False
+        >>> live.stop()
+
+        The error of a failed batch is raised again, wrapped:
+
+        >>> def fail(df):
+        ...     raise ValueError("bad batch")
+        >>> broken = (
+        ...     mb.read_memory(pl.DataFrame({"x": [1]}))
+        ...     .map_batches(fail)
+        ...     .write_memory("doc_await_failed")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> broken.await_termination()
+        Traceback (most recent call last):
+        ...
+        microbatch.exceptions.QueryTerminatedError: query ... stopped with an error: ...bad batch
+        >>> type(broken.exception).__name__
+        'ValueError'
         """
         if not self._done.wait(timeout):
             return False
@@ -229,8 +395,34 @@ class StreamingQuery:
         """Block until every record available at the time of the call is processed.
 
         Meant for notebooks and tests: it wakes the trigger loop instead of
-        waiting for the next tick. Raises if the query fails meanwhile, and
-        ``TimeoutError`` when ``timeout`` seconds pass first.
+        waiting for the next tick, and returns once the batches that the records
+        (and the watermark they advance) call for are committed.
+
+        Parameters
+        ----------
+        timeout
+            Give up after this many seconds (``None``: as long as it takes).
+
+        Raises
+        ------
+        QueryTerminatedError
+            If the query fails meanwhile.
+        TimeoutError
+            When ``timeout`` seconds pass first.
+
+        Examples
+        --------
+        >>> src = mb.read_memory(schema={"x": pl.Int64})
+        >>> query = src.with_columns(y=pl.col("x") * 10).write_memory("doc_process_all").start()
+        >>> _ = src.add({"x": [1, 2]})
+        >>> query.process_all_available()
+        >>> mb.table("doc_process_all")["y"].to_list()
+        [10, 20]
+        >>> _ = src.add({"x": [3]})
+        >>> query.process_all_available()
+        >>> mb.table("doc_process_all")["y"].to_list()
+        [10, 20, 30]
+        >>> query.stop()
         """
         ex = self._exec
         deadline = None if timeout is None else time.monotonic() + timeout

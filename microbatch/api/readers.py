@@ -39,13 +39,55 @@ def read_memory(
 ) -> MemoryStream:
     """A stream of rows held in this process; add more with ``.add(rows)``.
 
+    Rows are cast to ``schema`` (or to the schema of the first frame when none is
+    given). Offsets are row counts. The rows live in memory only: a batch's rows
+    are dropped once the batch commits, so a memory stream feeds one query and a
+    checkpoint of it cannot be resumed after the process exits unless the rows
+    are added again (as Spark's ``MemoryStream``).
+
+    Parameters
+    ----------
+    data
+        Initial rows: a DataFrame, or a sequence of DataFrames appended in order.
+    schema
+        Columns and types of the stream. ``None``: taken from the first frame.
+    max_records_per_batch
+        At most this many rows per batch (``None``: every available row).
+    name
+        The source's name in the plan and in progress records (default:
+        ``memory-<hex id>``).
+    partition_column
+        A column whose value is the row's partition, for per-partition
+        watermarks (as Kafka partitions would be).
+
+    Returns
+    -------
+    MemoryStream
+        A :class:`Stream` whose ``add(rows)`` appends rows (a frame, a dict of
+        columns or a list of dicts) and returns the new end offset.
+
     Examples
     --------
-    >>> import polars as pl, microbatch as mb
+    Rows given up front, read in batches of at most two rows:
+
+    >>> stream = mb.read_memory(pl.DataFrame({"x": [1, 2, 3]}), max_records_per_batch=2)
+    >>> query = stream.write_memory("doc_read_memory").start(trigger="available-now")
+    >>> query.await_termination()
+    True
+    >>> mb.table("doc_read_memory")["x"].to_list()
+    [1, 2, 3]
+    >>> [p["input_rows"] for p in query.recent_progress]
+    [2, 1]
+
+    Rows added while a query runs:
+
     >>> src = mb.read_memory(schema={"x": pl.Int64})
-    >>> q = src.filter(pl.col("x") > 1).write_memory("demo_doc").start()
-    >>> _ = src.add({"x": [1, 2, 3]}); q.process_all_available(); q.stop()
-    >>> mb.table("demo_doc")["x"].to_list()
+    >>> q = src.filter(pl.col("x") > 1).write_memory("doc_read_memory_live").start()
+    >>> src.add({"x": [1, 2, 3]})
+    3
+    >>> q.process_all_available()
+    >>> q.stop()
+    >>> mb.table("doc_read_memory_live")["x"].to_list()
     [2, 3]
     """
     return MemoryStream(
@@ -69,8 +111,76 @@ def read_files(
 ) -> Stream:
     """A stream over the files of a directory, taken in (mtime, name) order.
 
-    New files are picked up on later batches; a file is never read twice.
-    Malformed records go to the dead-letter output with file and reason.
+    New files are picked up on later batches; a file is never read twice. Each
+    time a batch is planned the directory is listed and new files are admitted
+    to a durable ledger in the checkpoint, so a batch re-run after a crash reads
+    the same files. Malformed records go to the dead-letter output with file and
+    reason (the location is ``file`` or ``file:line``); the rest of the batch
+    goes on.
+
+    Parameters
+    ----------
+    path
+        The directory to watch (listed non-recursively unless ``glob`` says
+        ``**``).
+    format
+        ``"parquet"``, ``"json"`` (newline-delimited JSON) or ``"csv"`` (with a
+        header line).
+    schema
+        Columns and types of the output, in this order. Required for ``json``
+        and ``csv``; inferred from the files for ``parquet`` when ``None``. A
+        value that does not convert sends its row to the dead letters.
+    max_files_per_batch
+        At most this many files per batch (``None``: every new file).
+    glob
+        File name pattern relative to ``path`` (default per format:
+        ``*.parquet``; ``*.json``, ``*.jsonl``, ``*.ndjson``; ``*.csv``). Hidden
+        (``.``/``_`` prefix) and temporary files are never admitted: write files
+        under such a name and rename them into place.
+
+    Returns
+    -------
+    Stream
+
+    Raises
+    ------
+    PlanError
+        For an unknown ``format``, a ``json``/``csv`` source without ``schema``,
+        or a bad ``max_files_per_batch``.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> landing = pathlib.Path(tempfile.mkdtemp())
+    >>> pl.DataFrame({"id": [1, 2]}).write_parquet(landing / "part-1.parquet")
+    >>> pl.DataFrame({"id": [3]}).write_parquet(landing / "part-2.parquet")
+    >>> query = (
+    ...     mb.read_files(landing, max_files_per_batch=1)
+    ...     .write_memory("doc_read_files")
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> mb.table("doc_read_files")["id"].to_list()
+    [1, 2, 3]
+    >>> [p["input_rows"] for p in query.recent_progress]
+    [2, 1]
+
+    CSV and JSON need a schema; a record that does not convert is a dead letter
+    and the rest of the batch goes on:
+
+    >>> pl.DataFrame({"id": ["1", "one", "3"]}).write_csv(landing / "ids.csv")
+    >>> query = (
+    ...     mb.read_files(landing, format="csv", schema={"id": pl.Int64})
+    ...     .write_memory("doc_read_files_csv")
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> mb.table("doc_read_files_csv")["id"].to_list()
+    [1, 3]
+    >>> query.last_progress["dead_letter_rows"]
+    1
     """
     from microbatch.sources.files import FileSource
 
@@ -102,12 +212,67 @@ def read_kafka(
     ``raw`` bytes) and malformed ones go to the dead-letter output with
     ``topic:partition@offset``. Columns: the schema's, then ``key, topic,
     partition, offset, timestamp``. Watermarks are per Kafka partition.
-    See :class:`microbatch.sources.kafka.KafkaSource` for every option.
+    Building the stream does not contact the broker: the clients are created
+    when a query starts. See :class:`microbatch.sources.kafka.KafkaSource` for
+    every option.
+
+    Parameters
+    ----------
+    topics
+        A topic name or a list of names (no patterns).
+    bootstrap
+        ``host:port[,host:port...]`` of the cluster.
+    format
+        ``"json"`` (one JSON object per value), ``"csv"`` (one header-less
+        record per value, fields in schema order) or ``"raw"`` (a ``value``
+        column of bytes).
+    schema
+        Columns and types of the decoded value (required for ``json`` and
+        ``csv``).
+    starting_offsets
+        Where a new query starts: ``"earliest"``, ``"latest"``, a timestamp in
+        epoch milliseconds, or ``{partition: offset}`` (keys ``int`` for a
+        single topic or ``"topic:partition"``). Only used when the checkpoint has
+        no offsets yet.
+    max_records_per_batch
+        Cap on records per batch, split across partitions in proportion to their
+        backlog.
+    config
+        Extra librdkafka settings (SASL/SSL...) for every client; secrets are
+        redacted wherever the source is described.
+    on_data_loss
+        ``"fail"`` or ``"skip"`` when recorded offsets are no longer on the
+        broker.
+    commit_group
+        Also commit each batch's end offsets to this consumer group, for lag
+        tools (informational: the checkpoint is the position).
+    metadata_columns
+        Which of ``key, topic, partition, offset, timestamp`` (and ``headers``)
+        to add after the value's columns.
+    broker_timeout
+        How long an unreachable broker is retried before a batch fails.
+
+    Returns
+    -------
+    Stream
+
+    Raises
+    ------
+    PlanError
+        For invalid options, e.g. ``format="json"`` without a ``schema``.
 
     Examples
     --------
-    >>> tx = mb.read_kafka("payments", bootstrap="127.0.0.1:9092",
-    ...                    schema={"card_id": pl.Int64})  # doctest: +SKIP
+    >>> payments = mb.read_kafka(
+    ...     "payments",
+    ...     bootstrap="127.0.0.1:9092",
+    ...     schema={"card_id": pl.Int64, "amount": pl.Float64},
+    ...     max_records_per_batch=10_000,
+    ... )
+    >>> print(payments.explain())
+    Source[kafka](topics=['payments'], bootstrap=127.0.0.1:9092, format=json,
+        schema={'card_id': 'Int64', 'amount': 'Float64'}, starting_offsets=earliest,
+        max_records_per_batch=10000, on_data_loss=fail, config={})
     """
     from microbatch.sources.kafka import KafkaSource
 
@@ -148,9 +313,50 @@ def read_delta(
     again). Default start: version 0, the whole history. See
     :mod:`microbatch.sources.delta`.
 
+    Parameters
+    ----------
+    path
+        The table: a local directory, a ``file://`` or an ``s3://`` URI.
+    starting_version
+        The first version to read (default: 0, the whole history).
+    starting_timestamp
+        Start at the first version committed at or after this instant (a
+        ``datetime``, naive meaning UTC, or an ISO-8601 string). Not together
+        with ``starting_version``.
+    max_files_per_batch
+        At most this many data files per batch (``None``: every new file).
+    ignore_changes
+        Read the added files of versions that rewrite data instead of stopping
+        (rewritten rows are emitted again).
+    storage_options
+        For ``s3://``: delta-rs style options (``AWS_ENDPOINT_URL``,
+        ``AWS_ACCESS_KEY_ID``, ...), used for the log and the data files.
+
+    Returns
+    -------
+    Stream
+
+    Raises
+    ------
+    PlanError
+        When both ``starting_version`` and ``starting_timestamp`` are given, or
+        an option is out of range.
+
     Examples
     --------
-    >>> tx = mb.read_delta("lake/transactions", max_files_per_batch=100)  # doctest: +SKIP
+    >>> import tempfile
+    >>> lake = tempfile.mkdtemp()
+    >>> pl.DataFrame({"id": [1, 2]}).write_delta(lake)  # version 0
+    >>> pl.DataFrame({"id": [3]}).write_delta(lake, mode="append")  # version 1
+    >>> query = (
+    ...     mb.read_delta(lake, starting_version=1)
+    ...     .write_memory("doc_read_delta")
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> mb.table("doc_read_delta")["id"].to_list()
+    [3]
     """
     from microbatch.sources.delta import DeltaSource
 
@@ -186,7 +392,69 @@ def generate(
     ``merchant``, ``amount``, ``event_time`` (disordered by up to
     ``max_delay``; a ``late_fraction`` of rows arrive ``late_by`` late).
     Row *i* depends only on ``seed``, *i* and the parameters, so replays and
-    any batch split give the same rows.
+    any batch split give the same rows. Event *i* nominally happens at
+    ``start + i / 1000 s`` and its ``event_time`` is that minus a delay, so
+    the first rows are timestamped slightly before ``start``.
+
+    Parameters
+    ----------
+    rows_per_second
+        Rows become available at this rate of wall-clock time; ``None`` makes
+        all ``total_rows`` available at once (event times still advance 1000
+        events per second).
+    total_rows
+        Length of the log (``None``: unbounded; required when
+        ``rows_per_second`` is ``None``).
+    cards, zipf
+        ``card_id`` is drawn from ``cards`` keys with
+        ``P(k) ~ 1 / (k + 1) ** zipf`` (``0`` the most frequent).
+    partitions
+        Row *i* belongs to partition ``i % partitions`` (per-partition
+        watermarks).
+    max_delay, late_fraction, late_by
+        Disorder: every event is up to ``max_delay`` behind its nominal time; a
+        ``late_fraction`` of them are further behind by ``late_by[0]`` to
+        ``late_by[1]``.
+    start
+        Event-time origin: ``None`` (or ``"now"``) for the wall clock when the
+        query starts, or a fixed ``datetime`` (naive meaning UTC) or ISO-8601
+        string for deterministic output.
+    seed
+        Seed of the whole log.
+    max_records_per_batch
+        At most this many rows per batch (``None``: every available row).
+
+    Returns
+    -------
+    Stream
+
+    Raises
+    ------
+    PlanError
+        For an out-of-range option, or ``rows_per_second=None`` without
+        ``total_rows``.
+
+    Examples
+    --------
+    >>> stream = mb.generate(
+    ...     rows_per_second=None,
+    ...     total_rows=1_000,
+    ...     start="2026-01-01T00:00:00+00:00",
+    ...     seed=1,
+    ...     max_records_per_batch=400,
+    ... )
+    >>> query = stream.write_memory("doc_generate").start(trigger="available-now")
+    >>> query.await_termination()
+    True
+    >>> out = mb.table("doc_generate")
+    >>> out.columns
+    ['event_id', 'card_id', 'merchant', 'amount', 'event_time']
+    >>> out.height, out["event_id"].is_sorted()
+    (1000, True)
+    >>> [p["input_rows"] for p in query.recent_progress]
+    [400, 400, 200]
+    >>> out.head(3).select("event_id", "card_id", "merchant", "amount").rows()
+    [(0, 26, 'm-0458', 15.23), (1, 4539, 'm-0482', 41.04), (2, 0, 'm-0360', 6.6)]
     """
     from microbatch.sources.generator import GeneratorSource
 
@@ -208,7 +476,46 @@ def generate(
 
 
 def table(name: str) -> pl.DataFrame:
-    """The current contents of the memory sink ``name`` (``write_memory(name)``)."""
+    """The current contents of the memory sink ``name`` (``write_memory(name)``).
+
+    The query's output mode decides what is returned: ``append``, every batch's
+    rows in batch order; ``complete``, the latest batch (the whole result);
+    ``update``, one row per key, the newest version of each. A table is kept
+    per process, so a query restarted on the same checkpoint finds its earlier
+    batches.
+
+    Parameters
+    ----------
+    name
+        The name given to ``write_memory``.
+
+    Returns
+    -------
+    polars.DataFrame
+        A copy: later batches do not change it. Before the first batch, an
+        empty frame (with the table's schema when known).
+
+    Raises
+    ------
+    sinks.memory.UnknownTableError
+        When no query wrote a table of that name in this process.
+
+    Examples
+    --------
+    >>> stream = mb.read_memory(
+    ...     pl.DataFrame({"k": ["a", "b", "a"], "x": [1, 2, 3]}), max_records_per_batch=2
+    ... )
+    >>> query = (
+    ...     stream.group_by("k")
+    ...     .agg(pl.col("x").sum())
+    ...     .write_memory("doc_table", output_mode="update")
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> mb.table("doc_table").rows()
+    [('a', 4), ('b', 2)]
+    """
     from sinks.memory import memory_table
 
     return memory_table(name)
@@ -220,6 +527,31 @@ def parquet_table(path: str | os.PathLike[str]) -> pl.DataFrame:
     Reads the output's manifest, so files of a batch that was written but not
     committed (a crash in the middle) are never seen. Like :func:`table` (the
     memory sink), it returns rows; the ``read_*`` functions return streams.
+
+    Parameters
+    ----------
+    path
+        The directory given to ``write_parquet``.
+
+    Returns
+    -------
+    polars.DataFrame
+        The batches' rows in batch order; hive partition columns (from
+        ``partition_by``) are restored with their types.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> out = tempfile.mkdtemp()
+    >>> query = (
+    ...     mb.read_memory(pl.DataFrame({"x": [1, 2, 3]}))
+    ...     .write_parquet(out)
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> mb.parquet_table(out)["x"].to_list()
+    [1, 2, 3]
     """
     from sinks.parquet import read_parquet_output as read
 

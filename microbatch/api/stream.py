@@ -10,15 +10,13 @@ from typing import Any, Literal
 import polars as pl
 
 from microbatch.api.writer import DataStreamWriter
-from microbatch.engine.watermark import WatermarkSpec
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.aggregates import parse_aggregations
+from microbatch.plan.event_time import WatermarkSpec
 from microbatch.plan.joins import (
     AsOfJoinSpec,
     IntervalJoinSpec,
-    JoinHow,
-    StaticHow,
     StaticJoinSpec,
     StaticTable,
     WindowJoinSpec,
@@ -41,6 +39,7 @@ from microbatch.plan.nodes import (
 )
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import SourceContext
+from microbatch.types import JoinHow, StaticHow
 from sinks.base import OutputMode, Sink
 from sinks.delta import SchemaMode
 from sinks.kafka import DeliveryGuarantee
@@ -108,8 +107,46 @@ class Stream:
         seen minus ``delay``; the watermark is the minimum over partitions
         that had rows within ``idle_timeout`` (processing time), and never
         moves backwards. Batch N uses the value computed after batch N-1.
-        ``max_future_skew``: rows timestamped further than this ahead of the
-        batch's processing time are processed but do not move the watermark.
+        Windows, sessions, joins and ``drop_duplicates`` use the watermark to
+        close state and to tell late rows.
+
+        Parameters
+        ----------
+        column
+            The event-time column: a Datetime, a Date, or an integer of epoch
+            milliseconds.
+        delay
+            How far behind the newest event time a row may arrive and still be on
+            time: a duration string (``"10s"``), seconds, or a ``timedelta``.
+        idle_timeout
+            A partition without rows for this long (processing time) stops holding
+            the watermark back (``None``: partitions never go idle).
+        max_future_skew
+            Rows timestamped further than this ahead of the batch's processing time
+            are processed but do not move the watermark.
+
+        Returns
+        -------
+        Stream
+
+        Examples
+        --------
+        >>> from datetime import UTC, datetime
+        >>> events = pl.DataFrame(
+        ...     {"ts": [datetime(2026, 1, 1, 0, 0, s, tzinfo=UTC) for s in (5, 30, 20)]}
+        ... )
+        >>> stream = mb.read_memory(events, name="events").with_watermark("ts", "10s")
+        >>> print(stream.explain())
+        Watermark(ts, delay=10000ms)
+          Source[memory](name=events)
+        >>> query = stream.write_memory("doc_with_watermark").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+
+        The newest event time (00:00:30) minus the delay:
+
+        >>> datetime.fromtimestamp(query.last_progress["next_watermark_ms"] / 1000, UTC)
+        datetime.datetime(2026, 1, 1, 0, 0, 20, tzinfo=datetime.timezone.utc)
         """
         return self._with_plan(
             WatermarkNode(
@@ -118,7 +155,70 @@ class Stream:
         )
 
     def group_by(self, *keys: str | WindowSpec | SessionWindowSpec) -> GroupedStream:
-        """Group by an optional ``mb.window``/``mb.session_window`` and key columns."""
+        """Group by an optional ``mb.window``/``mb.session_window`` and key columns.
+
+        Call :meth:`GroupedStream.agg` on the result. A windowed aggregation
+        emits a window's row once the watermark passes its end (append mode), so
+        it needs ``with_watermark`` on the window's column before it; without a
+        window a key's result is never final, so the query must run in the
+        ``"update"`` or ``"complete"`` output mode.
+
+        Parameters
+        ----------
+        *keys
+            Column names, and at most one ``mb.window(...)`` or
+            ``mb.session_window(...)``.
+
+        Returns
+        -------
+        GroupedStream
+
+        Raises
+        ------
+        PlanError
+            For a key that is neither a column name nor a window, or more than
+            one window.
+
+        Examples
+        --------
+        Counts per key and 1-minute window, emitted when the window closes:
+
+        >>> from datetime import datetime
+        >>> times = [(0, 5), (0, 30), (0, 45), (1, 10), (2, 30)]
+        >>> events = pl.DataFrame(
+        ...     {
+        ...         "ts": [datetime(2026, 1, 1, 0, m, s) for m, s in times],
+        ...         "k": ["a", "b", "a", "a", "b"],
+        ...     }
+        ... )
+        >>> query = (
+        ...     mb.read_memory(events)
+        ...     .with_watermark("ts", "10s")
+        ...     .group_by(mb.window("ts", "1m"), "k")
+        ...     .agg(pl.len().alias("n"))
+        ...     .write_memory("doc_group_by_window")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> out = mb.table("doc_group_by_window").sort("window_start", "k")
+        >>> out.select(pl.col("window_start").dt.strftime("%H:%M"), "k", "n").rows()
+        [('00:00', 'a', 2), ('00:00', 'b', 1), ('00:01', 'a', 1)]
+
+        Without a window, in update mode (one row per key, the newest result):
+
+        >>> query = (
+        ...     mb.read_memory(events, max_records_per_batch=2)
+        ...     .group_by("k")
+        ...     .agg(pl.len().alias("n"))
+        ...     .write_memory("doc_group_by_keys", output_mode="update")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_group_by_keys").sort("k").rows()
+        [('a', 3), ('b', 2)]
+        """
         windows = [k for k in keys if isinstance(k, WindowSpec | SessionWindowSpec)]
         names = [k for k in keys if isinstance(k, str)]
         bad = [k for k in keys if not isinstance(k, str | WindowSpec | SessionWindowSpec)]
@@ -133,8 +233,49 @@ class Stream:
 
     def drop_duplicates(self, subset: str | Sequence[str], *, within: str | int) -> Stream:
         """Keep the first row per ``subset`` key; forget a key once the watermark
-        passes its event time + ``within`` (needs ``with_watermark`` before)."""
-        from microbatch.plan.durations import parse_duration_ms
+        passes its event time + ``within`` (needs ``with_watermark`` before).
+
+        Parameters
+        ----------
+        subset
+            The column, or columns, whose values identify a duplicate.
+        within
+            How long after a key's event time a duplicate may still arrive: a
+            duration string (``"1h"``), seconds, or a ``timedelta``. Bounds the
+            state: the keys seen are kept only that long.
+
+        Returns
+        -------
+        Stream
+
+        Raises
+        ------
+        PlanError
+            Without a ``with_watermark`` before it (the keys seen would be kept
+            forever), or with an empty ``subset``.
+
+        Examples
+        --------
+        >>> from datetime import datetime
+        >>> events = pl.DataFrame(
+        ...     {
+        ...         "id": [1, 2, 1, 3, 2],
+        ...         "ts": [datetime(2026, 1, 1, 0, 0, s) for s in (1, 2, 3, 4, 5)],
+        ...     }
+        ... )
+        >>> query = (
+        ...     mb.read_memory(events, max_records_per_batch=2)
+        ...     .with_watermark("ts", "10s")
+        ...     .drop_duplicates("id", within="1m")
+        ...     .write_memory("doc_drop_duplicates")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_drop_duplicates")["id"].to_list()
+        [1, 2, 3]
+        """
+        from microbatch.durations import parse_duration_ms
 
         cols = (subset,) if isinstance(subset, str) else tuple(subset)
         marks = [n.spec for n in self._plan.walk() if isinstance(n, WatermarkNode)]
@@ -172,15 +313,64 @@ class Stream:
         the other side, once the watermark guarantees no match can arrive.
         Output columns as Polars' ``join``: this stream's columns, then the
         other's non-key columns (suffixed ``_right`` on a name clash).
-        ``lower``/``upper``: signed durations (``"-10m"``, ``"0s"``) or seconds.
+
+        Parameters
+        ----------
+        other
+            The right stream (another source: for a self-join read the source
+            twice).
+        on
+            The key column(s), in both streams.
+        left_time
+            This stream's event-time column.
+        right_time
+            The other stream's event-time column (default: ``left_time``).
+        lower, upper
+            The interval bounds relative to ``left_time``: signed durations
+            (``"-10m"``, ``"0s"``), seconds, or ``timedelta``.
+        how
+            ``"inner"``, ``"left"``, ``"right"`` or ``"full"``.
+
+        Returns
+        -------
+        Stream
+
+        Raises
+        ------
+        PlanError
+            When an input has no watermark, both inputs read the same source
+            object, or an option is invalid.
 
         Examples
         --------
-        >>> clicks = mb.read_memory(schema={"user": pl.Int64, "ts": pl.Datetime("ms")})
-        >>> pays = mb.read_memory(schema={"user": pl.Int64, "ts": pl.Datetime("ms")})
+        Payments made within 10 minutes after a click, by user:
+
+        >>> from datetime import datetime
+        >>> def at(minute):
+        ...     return datetime(2026, 1, 1, 0, minute)
+        >>> clicks = mb.read_memory(pl.DataFrame({"user": [1, 2, 9], "ts": [at(0), at(1), at(30)]}))
+        >>> pays = mb.read_memory(
+        ...     pl.DataFrame({"user": [1, 9], "ts": [at(5), at(31)], "amount": [10.0, 20.0]})
+        ... )
         >>> joined = clicks.with_watermark("ts", "1m").join_interval(
-        ...     pays.with_watermark("ts", "1m"), on="user", left_time="ts",
-        ...     lower="0s", upper="10m")
+        ...     pays.with_watermark("ts", "1m"),
+        ...     on="user",
+        ...     left_time="ts",
+        ...     lower="0s",
+        ...     upper="10m",
+        ...     how="left",
+        ... )
+        >>> query = joined.write_memory("doc_join_interval").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+        >>> out = mb.table("doc_join_interval")
+        >>> out.columns
+        ['user', 'ts', 'ts_right', 'amount']
+        >>> out.sort("user").select("user", "amount").rows()
+        [(1, 10.0), (2, None), (9, 20.0)]
+
+        User 2's click is emitted without a payment once the watermark (00:29)
+        passed its interval's end (00:11).
         """
         from microbatch.plan.nodes import IntervalJoinNode
 
@@ -214,6 +404,62 @@ class Stream:
         the watermark closes the window. A row is late when its window is
         closed (``window_end <= watermark``); state is released as windows close.
         Built on :meth:`join_interval` (equal windows, zero-width interval).
+
+        Parameters
+        ----------
+        other
+            The right stream; both need ``with_watermark``.
+        on
+            The key column(s), in both streams.
+        window
+            ``mb.window(column, size[, slide])``, without ``allowed_lateness``.
+        how
+            ``"inner"``, ``"left"``, ``"right"`` or ``"full"``.
+
+        Returns
+        -------
+        Stream
+
+        Raises
+        ------
+        PlanError
+            For a session window, a window with ``allowed_lateness``, or inputs
+            that :meth:`join_interval` refuses.
+
+        Examples
+        --------
+        >>> from datetime import datetime
+        >>> left = mb.read_memory(
+        ...     pl.DataFrame(
+        ...         {
+        ...             "k": [1, 2],
+        ...             "ts": [datetime(2026, 1, 1, 0, 0, 10), datetime(2026, 1, 1, 0, 0, 20)],
+        ...             "x": [1, 2],
+        ...         }
+        ...     )
+        ... )
+        >>> right = mb.read_memory(
+        ...     pl.DataFrame(
+        ...         {
+        ...             "k": [1, 2],
+        ...             "ts": [datetime(2026, 1, 1, 0, 0, 50), datetime(2026, 1, 1, 0, 1, 10)],
+        ...             "y": [10, 20],
+        ...         }
+        ...     )
+        ... )
+        >>> joined = left.with_watermark("ts", "0s").join_window(
+        ...     right.with_watermark("ts", "0s"), on="k", window=mb.window("ts", "1m")
+        ... )
+        >>> query = joined.write_memory("doc_join_window").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+        >>> out = mb.table("doc_join_window")
+        >>> out.columns
+        ['window_start', 'window_end', 'k', 'ts', 'x', 'ts_right', 'y']
+        >>> out.select("k", "x", "y").rows()
+        [(1, 1, 10)]
+
+        Key 2's rows are in different minutes, so they do not pair.
         """
         if not isinstance(window, WindowSpec):
             raise PlanError(
@@ -248,11 +494,71 @@ class Stream:
         needs no state of its own. Output as Polars' ``join`` (keys coalesced).
         For raw streams use :meth:`join_interval` or :meth:`join_window`; for a
         table, :meth:`join_static`.
+
+        Parameters
+        ----------
+        other
+            The other windowed aggregation.
+        on
+            The join columns: ``window_start`` (or ``window_end``) and the group
+            keys to match.
+        how
+            ``"inner"``, ``"left"``, ``"right"`` or ``"full"``.
+
+        Returns
+        -------
+        Stream
+
+        Raises
+        ------
+        PlanError
+            When an input is not a windowed aggregation, the windows differ or use
+            ``allowed_lateness``, ``on`` lacks the window, or an input has no
+            watermark.
+
+        Examples
+        --------
+        >>> from datetime import datetime
+        >>> def at(minute, second):
+        ...     return datetime(2026, 1, 1, 0, minute, second)
+        >>> clicks = mb.read_memory(
+        ...     pl.DataFrame({"k": [1, 1, 2, 1], "ts": [at(0, 10), at(0, 20), at(0, 30), at(2, 0)]})
+        ... )
+        >>> pays = mb.read_memory(
+        ...     pl.DataFrame(
+        ...         {
+        ...             "k": [1, 2, 2],
+        ...             "ts": [at(0, 15), at(0, 40), at(2, 0)],
+        ...             "amount": [5.0, 7.0, 1.0],
+        ...         }
+        ...     )
+        ... )
+        >>> minute = mb.window("ts", "1m")
+        >>> n_clicks = (
+        ...     clicks.with_watermark("ts", "0s")
+        ...     .group_by(minute, "k")
+        ...     .agg(pl.len().alias("clicks"))
+        ... )
+        >>> paid = (
+        ...     pays.with_watermark("ts", "0s")
+        ...     .group_by(minute, "k")
+        ...     .agg(pl.col("amount").sum().alias("paid"))
+        ... )
+        >>> query = (
+        ...     n_clicks.join(paid, on=["window_start", "window_end", "k"])
+        ...     .write_memory("doc_join")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> out = mb.table("doc_join").sort("k")
+        >>> out.select(pl.col("window_start").dt.strftime("%H:%M"), "k", "clicks", "paid").rows()
+        [('00:00', 1, 2, 5.0), ('00:00', 2, 1, 7.0)]
         """
         from microbatch.plan.nodes import WindowJoinNode
 
         keys = parse_keys(on, what="join")
-        how = parse_how(how, ("inner", "left", "right", "full"), what="join")  # type: ignore[assignment]
+        how = parse_how(how, ("inner", "left", "right", "full"), what="join")
         windows = [_window_of(s.plan, side) for s, side in ((self, "left"), (other, "right"))]
         if windows[0] != windows[1]:
             raise PlanError(
@@ -289,11 +595,42 @@ class Stream:
         then. ``how="inner"`` or ``"left"``; output as Polars' ``join``. No
         state; a batch re-run after a crash uses the Delta version it used
         the first time.
+
+        Parameters
+        ----------
+        other
+            The table: a DataFrame, or the path of a Parquet file or directory or
+            of a Delta table.
+        on
+            The key column(s), in both.
+        how
+            ``"inner"`` (drop rows without a match) or ``"left"`` (keep them, with
+            nulls).
+        storage_options
+            Options for a remote (``s3://``) table.
+
+        Returns
+        -------
+        Stream
+
+        Examples
+        --------
+        >>> cards = pl.DataFrame({"card_id": [1, 2], "country": ["FR", "DE"]})
+        >>> tx = mb.read_memory(pl.DataFrame({"card_id": [1, 2, 3], "amount": [1.0, 2.0, 3.0]}))
+        >>> query = (
+        ...     tx.join_static(cards, on="card_id", how="left")
+        ...     .write_memory("doc_join_static")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_join_static").rows()
+        [(1, 1.0, 'FR'), (2, 2.0, 'DE'), (3, 3.0, None)]
         """
         from microbatch.plan.nodes import StaticJoinNode
 
         keys = parse_keys(on, what="join_static")
-        how = parse_how(how, ("inner", "left"), what="join_static")  # type: ignore[assignment]
+        how = parse_how(how, ("inner", "left"), what="join_static")
         table = StaticTable.of(other, dict(storage_options) if storage_options else None)
         return self._with_plan(StaticJoinNode(self._plan, StaticJoinSpec(table, keys, how)))
 
@@ -318,11 +655,64 @@ class Stream:
         dimension's watermark. Versions superseded before the watermark are
         dropped. ``how="left"`` keeps rows without a version (nulls),
         ``"inner"`` drops them.
+
+        Parameters
+        ----------
+        dim
+            The dimension's changelog stream.
+        on
+            The key column(s), in both streams.
+        time
+            This stream's event-time column.
+        dim_time
+            The dimension's column of the time from which a version is valid.
+        how
+            ``"left"`` or ``"inner"``.
+
+        Returns
+        -------
+        Stream
+
+        Raises
+        ------
+        PlanError
+            When an input has no watermark, ``time``/``dim_time`` is not a column
+            name, or both inputs read the same source object.
+
+        Examples
+        --------
+        >>> from datetime import datetime
+        >>> def at(minute):
+        ...     return datetime(2026, 1, 1, 0, minute)
+        >>> tx = mb.read_memory(
+        ...     pl.DataFrame(
+        ...         {"card_id": [1, 1, 2], "ts": [at(1), at(5), at(3)], "amount": [1.0, 2.0, 3.0]}
+        ...     )
+        ... )
+        >>> limits = mb.read_memory(
+        ...     pl.DataFrame(
+        ...         {
+        ...             "card_id": [1, 1, 2],
+        ...             "valid_from": [at(0), at(4), at(10)],
+        ...             "limit": [100, 200, 50],
+        ...         }
+        ...     )
+        ... )
+        >>> joined = tx.with_watermark("ts", "0s").join_asof_table(
+        ...     limits.with_watermark("valid_from", "0s"), on="card_id", time="ts"
+        ... )
+        >>> query = joined.write_memory("doc_join_asof").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_join_asof").sort("ts").select("card_id", "amount", "limit").rows()
+        [(1, 1.0, 100), (2, 3.0, None), (1, 2.0, 200)]
+
+        Card 2 has no version valid at 00:03 (its first is valid from 00:10).
         """
         from microbatch.plan.nodes import AsOfJoinNode
 
         keys = parse_keys(on, what="join_asof_table")
-        how = parse_how(how, ("inner", "left"), what="join_asof_table")  # type: ignore[assignment]
+        how = parse_how(how, ("inner", "left"), what="join_asof_table")
         for name, col in (("time", time), ("dim_time", dim_time)):
             if not isinstance(col, str) or not col:
                 raise PlanError(f"join_asof_table needs {name}=<column name>, got {col!r}")
@@ -359,27 +749,186 @@ class Stream:
 
     def on_late(self, sink: Sink) -> Stream:
         """Write rows that arrive after their window closed to ``sink`` (a side
-        output, idempotent per batch id) with a ``late_reason`` column."""
+        output, idempotent per batch id) with a ``late_reason`` column.
+
+        Late rows are those a stateful operator can no longer use: their window
+        or session is closed, their join state is gone, or their event time is
+        null. They are counted in the progress records (``late_rows``) either
+        way; without ``on_late`` they are dropped. The side output also gets a
+        ``batch_id`` column.
+
+        Parameters
+        ----------
+        sink
+            Any :class:`sinks.Sink`, e.g. ``sinks.MemorySink(name)`` or
+            ``sinks.ParquetSink(path)``.
+
+        Returns
+        -------
+        Stream
+
+        Examples
+        --------
+        >>> from datetime import datetime
+        >>> from sinks import MemorySink
+        >>> times = [(0, 5), (2, 0), (0, 40), (3, 0)]
+        >>> events = pl.DataFrame({"ts": [datetime(2026, 1, 1, 0, m, s) for m, s in times]})
+        >>> query = (
+        ...     mb.read_memory(events, max_records_per_batch=2)
+        ...     .with_watermark("ts", "10s")
+        ...     .group_by(mb.window("ts", "1m"))
+        ...     .agg(pl.len().alias("n"))
+        ...     .on_late(MemorySink("doc_on_late_rows"))
+        ...     .write_memory("doc_on_late")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> late = mb.table("doc_on_late_rows")
+        >>> late.columns
+        ['ts', 'late_reason', 'batch_id']
+        >>> late["ts"].dt.strftime("%H:%M:%S").to_list()
+        ['00:00:40']
+        >>> late["late_reason"].to_list()
+        ['window ending 1767225660000 closed by watermark 1767225710000']
+
+        The 00:00:40 row came in the second batch, when the watermark in force
+        (00:01:50) had already closed its window.
+        """
         return Stream(self._plan, late_sink=sink, dead_letter_sink=self._dead_letter_sink)
 
     def on_dead_letters(self, sink: Sink) -> Stream:
         """Write malformed input records (with their source location and the
         reason) to ``sink`` instead of the checkpoint's ``dead_letter/``
-        directory (a side output, idempotent per batch id)."""
+        directory (a side output, idempotent per batch id).
+
+        The dead letters have the columns ``source``, ``location`` (e.g.
+        ``file:line`` or ``topic:partition@offset``), ``reason``, ``raw`` (the
+        record's bytes, for text formats) and ``batch_id``. Their count is in the
+        progress records (``dead_letter_rows``).
+
+        Parameters
+        ----------
+        sink
+            Any :class:`sinks.Sink`, e.g. ``sinks.MemorySink(name)``.
+
+        Returns
+        -------
+        Stream
+
+        Examples
+        --------
+        >>> import pathlib, tempfile
+        >>> from sinks import MemorySink
+        >>> landing = pathlib.Path(tempfile.mkdtemp())
+        >>> pl.DataFrame({"id": ["1", "two", "3"]}).write_csv(landing / "ids.csv")
+        >>> query = (
+        ...     mb.read_files(landing, format="csv", schema={"id": pl.Int64})
+        ...     .on_dead_letters(MemorySink("doc_dead_letters"))
+        ...     .write_memory("doc_on_dead_letters")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_on_dead_letters")["id"].to_list()
+        [1, 3]
+        >>> dead = mb.table("doc_dead_letters")
+        >>> dead.columns
+        ['source', 'location', 'reason', 'raw', 'batch_id']
+        >>> [location.rsplit("/", 1)[-1] for location in dead["location"]]
+        ['ids.csv:3']
+        """
         return Stream(self._plan, late_sink=self._late_sink, dead_letter_sink=sink)
 
     # ----------------------------------------------------------- stateless
 
     def select(self, *exprs: IntoExpr, **named: IntoExpr) -> Stream:
-        """Keep/compute columns, as ``pl.LazyFrame.select``."""
+        """Keep/compute columns, as ``pl.LazyFrame.select``.
+
+        Parameters
+        ----------
+        *exprs
+            Column names or expressions.
+        **named
+            Expressions named by their keyword.
+
+        Returns
+        -------
+        Stream
+
+        Examples
+        --------
+        >>> stream = mb.read_memory(pl.DataFrame({"a": [1, 2], "b": [10, 20]}))
+        >>> query = (
+        ...     stream.select("a", total=pl.col("a") + pl.col("b"))
+        ...     .write_memory("doc_select")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_select").rows()
+        [(1, 11), (2, 22)]
+        """
         return self._then(expr_step("select", "select", exprs, named))
 
     def with_columns(self, *exprs: IntoExpr, **named: IntoExpr) -> Stream:
-        """Add or replace columns, as ``pl.LazyFrame.with_columns``."""
+        """Add or replace columns, as ``pl.LazyFrame.with_columns``.
+
+        Parameters
+        ----------
+        *exprs
+            Expressions (their output names are the column names).
+        **named
+            Expressions named by their keyword.
+
+        Returns
+        -------
+        Stream
+
+        Examples
+        --------
+        >>> stream = mb.read_memory(pl.DataFrame({"cents": [150, 99]}))
+        >>> query = (
+        ...     stream.with_columns(euros=pl.col("cents") / 100)
+        ...     .write_memory("doc_with_columns")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_with_columns").rows()
+        [(150, 1.5), (99, 0.99)]
+        """
         return self._then(expr_step("with_columns", "with_columns", exprs, named))
 
     def filter(self, *predicates: IntoExpr, **constraints: Any) -> Stream:
-        """Keep rows matching all predicates, as ``pl.LazyFrame.filter``."""
+        """Keep rows matching all predicates, as ``pl.LazyFrame.filter``.
+
+        Parameters
+        ----------
+        *predicates
+            Boolean expressions; a row is kept when all are true.
+        **constraints
+            ``column=value`` equality constraints.
+
+        Returns
+        -------
+        Stream
+
+        Examples
+        --------
+        >>> stream = mb.read_memory(
+        ...     pl.DataFrame({"kind": ["pay", "refund", "pay"], "amount": [120, 50, 30]})
+        ... )
+        >>> query = (
+        ...     stream.filter(pl.col("amount") > 40, kind="pay")
+        ...     .write_memory("doc_filter")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_filter").rows()
+        [('pay', 120)]
+        """
         return self._then(expr_step("filter", "filter", predicates, constraints))
 
     def drop(self, *columns: str, strict: bool = True) -> Stream:
@@ -397,7 +946,41 @@ class Stream:
 
     def map_batches(self, fn: Callable[[pl.DataFrame], pl.DataFrame]) -> Stream:
         """Apply ``fn`` to each whole batch (escape hatch; keep ``fn`` deterministic
-        so replays give the same rows)."""
+        so replays give the same rows).
+
+        The engine runs ``fn`` on each batch's DataFrame and continues the plan
+        with what it returns; prefer expression steps (:meth:`select`,
+        :meth:`with_columns`, :meth:`filter`) where they do.
+
+        Parameters
+        ----------
+        fn
+            A function ``DataFrame -> DataFrame``.
+
+        Returns
+        -------
+        Stream
+
+        Raises
+        ------
+        PlanError
+            When ``fn`` is not callable.
+
+        Examples
+        --------
+        >>> def add_rank(df: pl.DataFrame) -> pl.DataFrame:
+        ...     return df.with_columns(rank=pl.col("score").rank("ordinal", descending=True))
+        >>> stream = mb.read_memory(pl.DataFrame({"score": [3, 9, 5]}))
+        >>> query = (
+        ...     stream.map_batches(add_rank)
+        ...     .write_memory("doc_map_batches")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_map_batches")["rank"].to_list()
+        [3, 1, 2]
+        """
         if not callable(fn):
             raise PlanError(f"map_batches needs a function DataFrame -> DataFrame, got {fn!r}")
         return self._then(map_batches_step(fn))
@@ -405,7 +988,47 @@ class Stream:
     # ------------------------------------------------------------- writers
 
     def write_to(self, sink: Sink, *, output_mode: OutputMode = "append") -> DataStreamWriter:
-        """Attach any :class:`sinks.Sink`."""
+        """Attach any :class:`sinks.Sink`.
+
+        The ``write_*`` methods are shortcuts for this with the matching sink.
+        The output mode is checked against the sink and the plan at once.
+
+        Parameters
+        ----------
+        sink
+            The sink, e.g. one of :mod:`sinks` (``MemorySink``, ``ParquetSink``,
+            ``DeltaSink``, ``KafkaSink``, ``ConsoleSink``, ``ForeachBatchSink``,
+            ``FanOutSink``) or your own subclass of ``sinks.Sink``.
+        output_mode
+            ``"append"`` (each result row once, when final), ``"update"`` (the
+            rows whose result changed in the batch) or ``"complete"`` (the whole
+            result every batch; aggregations only).
+
+        Returns
+        -------
+        DataStreamWriter
+            Call ``start`` on it to run the query.
+
+        Raises
+        ------
+        PlanError
+            When the sink does not support ``output_mode``, or the plan cannot run
+            in it (e.g. ``"complete"`` without an aggregation).
+
+        Examples
+        --------
+        >>> from sinks import MemorySink
+        >>> stream = mb.read_memory(pl.DataFrame({"k": ["a", "b", "a"]}))
+        >>> writer = stream.group_by("k").agg(pl.len().alias("n")).write_to(
+        ...     MemorySink("doc_write_to"), output_mode="complete"
+        ... )
+        >>> writer.describe()
+        {'sink': {'kind': 'MemorySink', 'name': 'doc_write_to'}, 'output_mode': 'complete'}
+        >>> writer.start(trigger="available-now").await_termination()
+        True
+        >>> mb.table("doc_write_to").sort("k").rows()
+        [('a', 2), ('b', 1)]
+        """
         return DataStreamWriter(
             self._plan,
             sink,
@@ -415,7 +1038,34 @@ class Stream:
         )
 
     def write_memory(self, name: str, *, output_mode: OutputMode = "append") -> DataStreamWriter:
-        """Attach an in-process table readable with ``mb.table(name)``."""
+        """Attach an in-process table readable with ``mb.table(name)``.
+
+        For notebooks and tests: every batch is kept in memory, in a table per
+        process, and a replayed batch id is a no-op. ``mb.table(name)`` returns
+        what ``output_mode`` defines: in ``append`` every batch's rows, in
+        ``update`` one row per key (the newest), in ``complete`` the latest
+        batch. Give each query its own name.
+
+        Parameters
+        ----------
+        name
+            The table's name.
+        output_mode
+            ``"append"``, ``"update"`` or ``"complete"``.
+
+        Returns
+        -------
+        DataStreamWriter
+
+        Examples
+        --------
+        >>> stream = mb.read_memory(pl.DataFrame({"x": [1, 2, 3]}))
+        >>> query = stream.write_memory("doc_write_memory").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_write_memory")["x"].to_list()
+        [1, 2, 3]
+        """
         from sinks.memory import MemorySink
 
         return self.write_to(MemorySink(name), output_mode=output_mode)
@@ -423,7 +1073,42 @@ class Stream:
     def write_console(
         self, *, num_rows: int = 20, output_mode: OutputMode = "append"
     ) -> DataStreamWriter:
-        """Print each batch to stdout."""
+        """Print each batch to stdout.
+
+        Each batch is printed as ``Batch: N`` and its frame. Printing cannot be
+        undone, so it is not exactly-once: a batch replayed by a new process is
+        printed again.
+
+        Parameters
+        ----------
+        num_rows
+            At most this many rows are printed per batch (the head and tail).
+        output_mode
+            ``"append"``, ``"update"`` or ``"complete"``.
+
+        Returns
+        -------
+        DataStreamWriter
+
+        Examples
+        --------
+        >>> stream = mb.read_memory(pl.DataFrame({"x": [1, 2]}))
+        >>> stream.write_console().start(trigger="available-now").await_termination()
+        -------------------------------------------
+        Batch: 0
+        -------------------------------------------
+        shape: (2, 1)
+        ┌─────┐
+        │ x   │
+        │ --- │
+        │ i64 │
+        ╞═════╡
+        │ 1   │
+        │ 2   │
+        └─────┘
+        <BLANKLINE>
+        True
+        """
         from sinks.console import ConsoleSink
 
         return self.write_to(ConsoleSink(num_rows=num_rows), output_mode=output_mode)
@@ -436,7 +1121,38 @@ class Stream:
         partition_by: str | Sequence[str] | None = None,
     ) -> DataStreamWriter:
         """Write Parquet files plus a manifest keyed by batch id (exactly once);
-        read the result with ``mb.parquet_table(path)``."""
+        read the result with ``mb.parquet_table(path)``.
+
+        Only the ``append`` output mode is supported (files cannot be updated in
+        place; use :meth:`write_delta` or :meth:`write_memory` for ``update`` and
+        ``complete``). A batch whose columns or types differ from the first
+        batch's is refused before anything is written.
+
+        Parameters
+        ----------
+        path
+            The output directory; created when missing.
+        output_mode
+            ``"append"``.
+        partition_by
+            Column(s) to lay out hive-style (``col=value/`` directories);
+            ``mb.parquet_table`` restores them with their types.
+
+        Returns
+        -------
+        DataStreamWriter
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> out = tempfile.mkdtemp()
+        >>> stream = mb.read_memory(pl.DataFrame({"day": ["mon", "tue", "mon"], "x": [1, 2, 3]}))
+        >>> query = stream.write_parquet(out, partition_by="day").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+        >>> mb.parquet_table(out).sort("x").rows()
+        [('mon', 1), ('tue', 2), ('mon', 3)]
+        """
         from sinks.parquet import ParquetSink
 
         sink = ParquetSink(path, partition_by=partition_by)
@@ -463,7 +1179,55 @@ class Stream:
         ``isolation.level=read_committed``). ``"at_least_once"``: records carry
         ``mb_query_id``/``mb_batch_id``/``mb_row`` headers for downstream
         dedupe. ``value_format`` and ``mode`` are the deprecated names of
-        ``format`` and ``delivery_guarantee``. See :class:`sinks.kafka.KafkaSink`.
+        ``format`` and ``delivery_guarantee``. Building the writer does not
+        contact the broker: the producer is created when the query starts. See
+        :class:`sinks.kafka.KafkaSink`.
+
+        Parameters
+        ----------
+        topic
+            The output topic (must exist, or the broker must auto-create it).
+        bootstrap
+            ``host:port[,...]`` of the cluster.
+        key
+            Column name or expression for the record key (``None``: no key).
+        format
+            ``"json"``: every column of the row as one JSON object; ``"raw"``: the
+            ``value`` column (bytes or text) as is.
+        headers
+            ``{header_name: column_or_expression}`` added to every record.
+        delivery_guarantee
+            ``"exactly_once"`` or ``"at_least_once"``.
+        config
+            Extra librdkafka settings for the producer (SASL/SSL...); secrets are
+            redacted wherever the sink is described.
+        output_mode
+            ``"append"``, ``"update"`` or ``"complete"``.
+        value_format, mode
+            Deprecated (removed in 0.3): use ``format`` and ``delivery_guarantee``.
+
+        Returns
+        -------
+        DataStreamWriter
+
+        Raises
+        ------
+        sinks.SinkConfigError
+            For a missing topic or bootstrap, or an invalid option.
+
+        Examples
+        --------
+        >>> stream = mb.generate(
+        ...     rows_per_second=None, total_rows=100, start="2026-01-01T00:00:00+00:00", seed=1
+        ... )
+        >>> writer = stream.filter(pl.col("amount") > 100).write_kafka(
+        ...     "large-payments", bootstrap="127.0.0.1:9092", key="card_id"
+        ... )
+        >>> writer.describe()
+        {'sink': {'kind': 'KafkaSink', 'topic': 'large-payments', 'bootstrap': '127.0.0.1:9092',
+                  'delivery_guarantee': 'exactly_once', 'format': 'json', 'key': 'col("card_id")',
+                  'headers': [], 'commit_topic': 'microbatch-sink-commits', 'config': {}},
+         'output_mode': 'append'}
         """
         from sinks.kafka import KafkaSink
 
@@ -501,6 +1265,60 @@ class Stream:
         unless ``schema_mode="merge"`` (additive evolution).
         ``optimize_every=N`` compacts small files every N batches. See
         :class:`sinks.delta.DeltaSink`.
+
+        Parameters
+        ----------
+        path
+            The table: a local directory or a URI (``s3://bucket/table``, ...).
+        output_mode
+            ``"append"``, ``"update"`` or ``"complete"``.
+        partition_by
+            Partition columns of a table the sink creates (for an existing table:
+            its own, or ``None``).
+        merge_keys
+            Columns identifying a row for ``update``'s MERGE (default: the
+            aggregation's window and group keys).
+        storage_options
+            Passed to delta-rs (credentials, endpoint...); never shown.
+        schema_mode
+            ``None`` (refuse a different schema) or ``"merge"`` (add new columns;
+            columns a batch lacks are written as nulls).
+        optimize_every
+            Compact small files after every N-th batch.
+
+        Returns
+        -------
+        DataStreamWriter
+
+        Raises
+        ------
+        PlanError
+            For ``output_mode="update"`` on a stream without aggregation keys and
+            without ``merge_keys``.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> table = tempfile.mkdtemp()
+        >>> stream = mb.read_memory(
+        ...     pl.DataFrame({"k": ["a", "b", "a"], "x": [1, 2, 3]}), max_records_per_batch=2
+        ... )
+        >>> query = (
+        ...     stream.group_by("k")
+        ...     .agg(pl.col("x").sum())
+        ...     .write_delta(table, output_mode="update")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> pl.read_delta(table).sort("k").rows()
+        [('a', 4), ('b', 2)]
+
+        The table was created, then each batch made one commit (newest first):
+
+        >>> from deltalake import DeltaTable
+        >>> [commit["operation"] for commit in DeltaTable(table).history()]
+        ['MERGE', 'MERGE', 'CREATE TABLE']
         """
         from microbatch.api.writer import output_keys
         from sinks.delta import DeltaSink
@@ -523,7 +1341,34 @@ class Stream:
     def foreach_batch(
         self, fn: Callable[[pl.DataFrame, int], None], *, output_mode: OutputMode = "append"
     ) -> DataStreamWriter:
-        """Call ``fn(df, batch_id)`` per batch; make ``fn`` idempotent on batch_id."""
+        """Call ``fn(df, batch_id)`` per batch; make ``fn`` idempotent on batch_id.
+
+        After a crash the engine calls ``fn`` again with the same ``batch_id`` and
+        the same rows, so ``fn`` should write idempotently, keyed by
+        ``batch_id``. A call that raises fails the batch (and the query).
+
+        Parameters
+        ----------
+        fn
+            A function ``(DataFrame, batch_id) -> None``.
+        output_mode
+            ``"append"``, ``"update"`` or ``"complete"``.
+
+        Returns
+        -------
+        DataStreamWriter
+
+        Examples
+        --------
+        >>> written = {}
+        >>> def upsert(df: pl.DataFrame, batch_id: int) -> None:
+        ...     written[batch_id] = df["x"].to_list()  # keyed by batch id: a replay overwrites
+        >>> stream = mb.read_memory(pl.DataFrame({"x": [1, 2, 3]}), max_records_per_batch=2)
+        >>> stream.foreach_batch(upsert).start(trigger="available-now").await_termination()
+        True
+        >>> written
+        {0: [1, 2], 1: [3]}
+        """
         from sinks.foreach import ForeachBatchSink
 
         return self.write_to(ForeachBatchSink(fn), output_mode=output_mode)
@@ -586,7 +1431,59 @@ class GroupedStream:
 
     def agg(self, *aggs: pl.Expr | Sequence[pl.Expr]) -> Stream:
         """Aggregate incrementally; output columns ``window_start, window_end``
-        (when windowed), the keys, then the aggregates."""
+        (when windowed), the keys, then the aggregates.
+
+        Each aggregate keeps a partial result per group in state and merges each
+        batch into it. Supported: ``pl.len()``, ``col.count()``, ``col.sum()``,
+        ``col.min()``, ``col.max()``, ``col.mean()``, ``col.first()`` and
+        ``col.last()`` (by event time), each optionally ``.alias``-ed. Compute
+        other values from these in a later :meth:`Stream.with_columns`.
+
+        Parameters
+        ----------
+        *aggs
+            Aggregation expressions, or lists of them; output names must be unique.
+
+        Returns
+        -------
+        Stream
+
+        Raises
+        ------
+        PlanError
+            For an aggregation that cannot be computed incrementally, or a
+            duplicate output name.
+
+        Examples
+        --------
+        >>> sales = mb.read_memory(
+        ...     pl.DataFrame({"shop": ["a", "b", "a"], "amount": [10.0, 4.0, 20.0]})
+        ... )
+        >>> query = (
+        ...     sales.group_by("shop")
+        ...     .agg(
+        ...         pl.len().alias("sales"),
+        ...         pl.col("amount").sum().alias("total"),
+        ...         pl.col("amount").mean().alias("avg"),
+        ...     )
+        ...     .with_columns(share=pl.col("total") / 34.0)
+        ...     .write_memory("doc_agg", output_mode="complete")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_agg").sort("shop").rows()
+        [('a', 2, 30.0, 15.0, 0.8823529411764706), ('b', 1, 4.0, 4.0, 0.11764705882352941)]
+
+        Aggregations that cannot merge across batches are refused when the plan is
+        built:
+
+        >>> sales.group_by("shop").agg(pl.col("amount").median())
+        Traceback (most recent call last):
+        ...
+        microbatch.exceptions.PlanError: aggregation col("amount").median() cannot be computed
+        incrementally: ...
+        """
         specs = tuple(parse_aggregations(aggs))
         node = AggregateNode(self._stream.plan, self._window, self._keys, specs)
         return self._stream._with_plan(node)
@@ -610,8 +1507,8 @@ def _window_of(plan: PlanNode, side: str) -> WindowSpec:
 def window_columns_step(window: WindowSpec) -> Step:
     """A step adding ``window_start``/``window_end`` of ``window`` (one row per window
     a row falls in), typed like the window's column."""
-    from microbatch.engine.watermark import event_time_ms
     from microbatch.operators.window_agg import _ms_to
+    from microbatch.plan.event_time import event_time_ms
     from microbatch.plan.windows import assign_windows
 
     def apply(lf: pl.LazyFrame) -> pl.LazyFrame:

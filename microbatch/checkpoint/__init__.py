@@ -23,7 +23,7 @@ from typing import Any
 
 from microbatch.checkpoint.batch_log import BatchLog
 from microbatch.checkpoint.entries import CommitEntry, OffsetEntry
-from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.checkpoint.files import read_json_object, write_json_atomic
 from microbatch.checkpoint.lock import CheckpointLock, is_locked, read_lock_owner
 from microbatch.exceptions import CheckpointCorruptError, CheckpointError
 
@@ -81,7 +81,7 @@ class Checkpoint:
             meta = {"query_id": str(uuid.uuid4()),
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             write_json_atomic(self.metadata_path, "metadata", meta)
-        return read_json(self.metadata_path, "metadata")
+        return read_json_object(self.metadata_path, "metadata")
 
     def _refuse_logs_without_metadata(self) -> None:
         """A fresh query id over existing logs would break the sinks' idempotency
@@ -100,7 +100,7 @@ class Checkpoint:
         """The metadata of an existing checkpoint."""
         if not self.metadata_path.exists():
             raise CheckpointError(f"{self.root} is not a microbatch checkpoint (no metadata file)")
-        return read_json(self.metadata_path, "metadata")
+        return read_json_object(self.metadata_path, "metadata")
 
     def lock(self) -> None:
         """Take the exclusive run lock (see :class:`CheckpointLock`)."""

@@ -16,7 +16,14 @@ from typing import Any
 from microbatch.exceptions import CheckpointCorruptError, CheckpointFormatError
 from statestore.durable import fsync_dir, write_atomic
 
-__all__ = ["encode", "fsync_dir", "read_json", "write_bytes_atomic", "write_json_atomic"]
+__all__ = [
+    "encode",
+    "fsync_dir",
+    "read_json",
+    "read_json_object",
+    "write_bytes_atomic",
+    "write_json_atomic",
+]
 
 FORMAT_VERSION = 1
 
@@ -82,3 +89,14 @@ def read_json(path: Path, kind: str) -> Any:
             "was written. Restore it, or start on a new checkpoint directory."
         )
     return doc["body"]
+
+
+def read_json_object(path: Path, kind: str) -> dict[str, Any]:
+    """:func:`read_json` of a file whose body must be a JSON object."""
+    body = read_json(path, kind)
+    if not isinstance(body, dict):
+        raise CheckpointCorruptError(
+            f"checkpoint file {path} holds {type(body).__name__} where a {kind!r} object "
+            "was expected; the file was edited"
+        )
+    return body

@@ -25,9 +25,10 @@ LOCK_RETRY_S = 0.02
 def read_lock_owner(path: Path) -> dict[str, Any] | None:
     """What the lock file says about its last holder (may be stale)."""
     try:
-        return json.loads(path.read_text() or "null")
+        owner = json.loads(path.read_text() or "null")
     except (OSError, json.JSONDecodeError):
         return None
+    return owner if isinstance(owner, dict) else None
 
 
 def is_locked(path: Path) -> bool:

@@ -1,7 +1,7 @@
 """The trigger loop and the lifecycle of one micro-batch.
 
 This module is the engine's spine. :meth:`MicroBatchExecution.run_batch`
-reads top to bottom as the protocol of DESIGN.md::
+reads top to bottom as the protocol of docs/design.md::
 
     1. plan         each source's end offset (capped); no new data -> no batch
     2. write-ahead  offsets/N = ranges, watermark, timestamp, fingerprint
@@ -54,7 +54,8 @@ from microbatch.observability.record import BatchFacts, progress_record
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.nodes import PlanNode
 from microbatch.plan.triggers import ProcessingTime, Trigger
-from microbatch.sources.base import Offset, Source, SourceContext
+from microbatch.sources.base import Source, SourceContext
+from microbatch.types import Offset
 from sinks.base import OutputMode, Sink, SinkContext
 
 log = logging.getLogger("microbatch.engine.execution")

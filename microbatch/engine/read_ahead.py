@@ -19,7 +19,8 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from microbatch.sources.base import Offset, Source, SourceBatch
+from microbatch.sources.base import Source, SourceBatch
+from microbatch.types import Offset
 
 log = logging.getLogger("microbatch.engine.read_ahead")
 

@@ -1,6 +1,6 @@
 """Event-time watermarks: all of the watermark logic lives here.
 
-Rule (DESIGN.md): per input partition, the candidate is the maximum event
+Rule (docs/design.md): per input partition, the candidate is the maximum event
 time seen minus the delay; the watermark of one ``with_watermark`` node is
 the minimum over its partitions that are not idle (no rows for longer than
 ``idle_timeout`` of processing time); several nodes combine by ``min``
@@ -15,14 +15,13 @@ never the wall clock of a re-run, so replays see the same watermarks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
 
-from microbatch.exceptions import PlanError
 from microbatch.frames import collect
-from microbatch.plan.durations import parse_duration_ms
+from microbatch.plan.event_time import WatermarkSpec, event_time_ms
 from microbatch.types import WatermarkPolicy
 
 PARTITION_COLUMN = "__mb_partition"
@@ -30,53 +29,8 @@ PARTITION_COLUMN = "__mb_partition"
 MAX_REPORTED_PARTITIONS = 256
 """Partitions listed per progress record under ``watermark_partitions``."""
 
+__all__ = ["PARTITION_COLUMN", "WatermarkSpec", "WatermarkTracker", "event_time_ms"]
 
-
-@dataclass(frozen=True)
-class WatermarkSpec:
-    """``with_watermark(column, delay, idle_timeout)`` as a validated spec."""
-
-    column: str
-    delay_ms: int
-    idle_timeout_ms: int | None = None
-    max_future_skew_ms: int | None = None
-    """Rows with event time more than this after the batch's processing time
-    do not advance the watermark (one clock-skewed device cannot make every
-    other row late); they are still processed and counted."""
-
-    @classmethod
-    def parse(
-        cls, column: str, delay: Any, idle_timeout: Any = None, max_future_skew: Any = None
-    ) -> WatermarkSpec:
-        if not isinstance(column, str) or not column:
-            raise PlanError(f"with_watermark needs a column name, got {column!r}")
-        return cls(
-            column,
-            parse_duration_ms(delay, what="with_watermark delay"),
-            None if idle_timeout is None else parse_duration_ms(idle_timeout, what="idle_timeout"),
-            None
-            if max_future_skew is None
-            else parse_duration_ms(max_future_skew, what="max_future_skew"),
-        )
-
-
-def event_time_ms(column: str, schema: pl.Schema) -> pl.Expr:
-    """An Int64 epoch-milliseconds expression for an event-time column."""
-    if column not in schema:
-        raise PlanError(
-            f"event-time column {column!r} is not in the stream; columns are {list(schema)}"
-        )
-    dtype = schema[column]
-    if isinstance(dtype, pl.Datetime):
-        return pl.col(column).dt.epoch("ms")
-    if dtype == pl.Date:
-        return pl.col(column).cast(pl.Datetime("ms")).dt.epoch("ms")
-    if dtype.is_integer():
-        return pl.col(column).cast(pl.Int64)
-    raise PlanError(
-        f"event-time column {column!r} has type {dtype}; it must be a Datetime, a Date, "
-        "or an integer of epoch milliseconds. Cast it with .with_columns(...) first."
-    )
 
 
 class WatermarkTracker:
@@ -164,7 +118,7 @@ class WatermarkTracker:
     def to_json(self) -> dict[str, Any]:
         return {"watermark_ms": self.current, "partitions": self.partitions}
 
-    def restore(self, doc: dict[str, Any] | None) -> None:
+    def restore(self, doc: Mapping[str, Any] | None) -> None:
         """Load the state written to ``commits/N``."""
         if not doc:
             return

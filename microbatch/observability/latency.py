@@ -19,10 +19,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import polars as pl
 
-from microbatch.engine.watermark import event_time_ms
 from microbatch.exceptions import PlanError
+from microbatch.plan.event_time import event_time_ms
 from microbatch.plan.nodes import PlanNode, WatermarkNode
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 
@@ -50,12 +51,12 @@ def measure_latency(df: pl.DataFrame, columns: Sequence[str], now_ms: int) -> di
         ages = ages.drop_nulls()
         if ages.len() == 0:
             continue
-        median = ages.median()
+        ms = ages.to_numpy()
         return {
             "column": column,
             "rows": ages.len(),
-            "max_ms": int(ages.max()),  # type: ignore[arg-type]
-            "median_ms": None if median is None else round(float(median), 1),  # type: ignore[arg-type]
+            "max_ms": int(ms.max()),
+            "median_ms": round(float(np.median(ms)), 1),
         }
     return None
 

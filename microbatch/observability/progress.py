@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.checkpoint.files import read_json, read_json_object, write_json_atomic
 from microbatch.exceptions import CheckpointError
 
 log = logging.getLogger("microbatch.observability.progress")
@@ -126,6 +126,6 @@ def read_last_error(checkpoint_root: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        return read_json(path, "last-error")
+        return read_json_object(path, "last-error")
     except CheckpointError as exc:
         return {"type": "unreadable", "message": str(exc)}

@@ -186,8 +186,7 @@ class MetricsServer:
         from prometheus_client import CollectorRegistry, start_http_server
 
         self.registry = CollectorRegistry(auto_describe=False)
-        # NOTE: prometheus_client types collectors as its Collector ABC; ours is one by protocol
-        self.registry.register(QueryCollector(snapshot))  # type: ignore[arg-type]
+        self.registry.register(QueryCollector(snapshot))
         try:
             server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:

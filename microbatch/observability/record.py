@@ -1,4 +1,4 @@
-"""The progress record of one batch: every figure of DESIGN.md's Observability.
+"""The progress record of one batch: every figure of docs/design.md's Observability.
 
 :func:`progress_record` is step 7 of the batch lifecycle: after ``commits/N``
 the engine pushes a :class:`BatchFacts` (it never hands over itself, so this
@@ -40,7 +40,8 @@ from pathlib import PurePath
 from typing import Any
 
 from microbatch.observability.source_lag import source_lag
-from microbatch.sources.base import Offset, Source
+from microbatch.sources.base import Source
+from microbatch.types import Offset
 
 __all__ = ["BatchFacts", "progress_record"]
 

@@ -24,7 +24,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from microbatch.sources.base import Offset, PartitionLag, Source
+from microbatch.sources.base import PartitionLag, Source
+from microbatch.types import Offset
 
 log = logging.getLogger("microbatch.observability.progress")
 

@@ -21,7 +21,7 @@ the conditions an operator should look at:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
@@ -146,7 +146,7 @@ def batch_summary(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def averages(records: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+def averages(records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     """Input rate over the wall-clock span of ``records``; processing rate over their time."""
     busy_s = sum((r.get("duration_ms") or {}).get("total", 0) for r in records) / 1000
     rows = sum(int(r.get("input_rows") or 0) for r in records)
@@ -165,8 +165,7 @@ def _alarm(code: str, severity: str, message: str) -> dict[str, str]:
     return {"code": code, "severity": severity, "message": message}
 
 
-def alarms(
-    records: Sequence[dict[str, Any]],
+def alarms(records: Sequence[Mapping[str, Any]],
     *,
     last_error: dict[str, Any] | None = None,
     running: bool | None = None,
@@ -191,7 +190,7 @@ def alarms(
     return found
 
 
-def _falling_behind(run: Sequence[dict[str, Any]]) -> dict[str, str] | None:
+def _falling_behind(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
     window = [r for r in run if r.get("trigger_interval_ms")][-FALLING_BEHIND_WINDOW:]
     late = [r for r in window if r.get("falling_behind")]
     if len(window) < 2 or len(late) * 2 <= len(window):
@@ -206,9 +205,10 @@ def _falling_behind(run: Sequence[dict[str, Any]]) -> dict[str, str] | None:
     )
 
 
-def _backlog_growing(run: Sequence[dict[str, Any]]) -> dict[str, str] | None:
-    lags = [r.get("source_lag_records") for r in run][-BACKLOG_WINDOW:]
-    if len(lags) < BACKLOG_WINDOW or any(v is None for v in lags):
+def _backlog_growing(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
+    found = [r.get("source_lag_records") for r in run][-BACKLOG_WINDOW:]
+    lags = [v for v in found if v is not None]
+    if len(lags) < BACKLOG_WINDOW:  # too few batches, or one without a known lag
         return None
     if not all(b > a for a, b in pairwise(lags)):
         return None
@@ -219,7 +219,7 @@ def _backlog_growing(run: Sequence[dict[str, Any]]) -> dict[str, str] | None:
     )
 
 
-def _watermark_stalled(run: Sequence[dict[str, Any]]) -> dict[str, str] | None:
+def _watermark_stalled(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
     window = list(run[-STALL_BATCHES:])
     if len(window) < STALL_BATCHES or not all(r.get("input_rows") for r in window):
         return None
@@ -245,7 +245,7 @@ def _watermark_stalled(run: Sequence[dict[str, Any]]) -> dict[str, str] | None:
     )
 
 
-def _state_growing(run: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+def _state_growing(run: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     window = list(run[-STATE_WINDOW:])
     if len(window) < STATE_WINDOW:
         return []
@@ -253,8 +253,9 @@ def _state_growing(run: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     watermark_moved = len({r.get("next_watermark_ms") for r in window}) > 1
     for op_id, newest in (window[-1].get("state") or {}).items():
         figures = [(r.get("state") or {}).get(op_id) or {} for r in window]
-        rows = [f.get("rows") for f in figures]
-        if any(v is None for v in rows) or rows[-1] <= rows[0]:
+        known = [f.get("rows") for f in figures]
+        rows = [v for v in known if v is not None]
+        if len(rows) < len(known) or rows[-1] <= rows[0]:
             continue
         if not all(b >= a for a, b in pairwise(rows)):
             continue
@@ -276,7 +277,7 @@ def _state_growing(run: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     return found
 
 
-def _late_rows_rising(run: Sequence[dict[str, Any]]) -> dict[str, str] | None:
+def _late_rows_rising(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
     window = list(run[-2 * LATE_WINDOW:])
     if len(window) < 2 * LATE_WINDOW:
         return None
@@ -294,7 +295,7 @@ def _late_rows_rising(run: Sequence[dict[str, Any]]) -> dict[str, str] | None:
     )
 
 
-def _dead_letters(run: Sequence[dict[str, Any]]) -> dict[str, str] | None:
+def _dead_letters(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
     window = list(run[-ALARM_WINDOW:])
     bad = sum(int(r.get("dead_letter_rows") or 0) for r in window)
     if not bad:

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from microbatch.checkpoint.files import read_json, write_json_atomic
-from microbatch.engine.watermark import event_time_ms
 from microbatch.exceptions import CheckpointError, IncompatibleCheckpointError, PlanError
 from microbatch.plan.aggregates import AggSpec
+from microbatch.plan.event_time import event_time_ms
 
 if TYPE_CHECKING:
     from statestore import StateStore
@@ -33,20 +33,27 @@ def split_late_by_time(
     """
     rows = df.with_columns(event_time_ms(time_column, df.schema).alias(TIME))
     late_expr = pl.col(TIME).is_null()
-    reason = pl.when(pl.col(TIME).is_null()).then(pl.lit(f"{label} time {time_column!r} is null"))
+    closed = None
     if watermark_ms is not None:
         late_expr = late_expr | (pl.col(TIME) <= watermark_ms)
-        reason = reason.otherwise(
-            pl.format(
-                "{} time {} is at or before watermark {}",
-                pl.lit(label),
-                pl.col(TIME),
-                pl.lit(watermark_ms),
-            )
+        closed = pl.format(
+            "{} time {} is at or before watermark {}",
+            pl.lit(label),
+            pl.col(TIME),
+            pl.lit(watermark_ms),
         )
+    reason = late_reason(f"{label} time {time_column!r} is null", closed)
     marked = rows.with_columns(late_expr.alias("__late"))
     late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
     return marked.filter(~pl.col("__late")).drop("__late"), late
+
+
+def late_reason(null_reason: str, closed_reason: pl.Expr | None) -> pl.Expr:
+    """The late output's ``late_reason``: ``null_reason`` for a null event time
+    (``__t``), else ``closed_reason`` (``None``: no watermark yet, so only nulls
+    are late)."""
+    then = pl.when(pl.col(TIME).is_null()).then(pl.lit(null_reason))
+    return then if closed_reason is None else then.otherwise(closed_reason)
 
 
 @dataclass

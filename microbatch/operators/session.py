@@ -11,7 +11,7 @@ returned. ``index`` holds per key the slot high-water mark and the latest
 session end (its time column), so a batch looks up exactly the sessions of
 its keys and a key whose sessions all closed is dropped.
 
-Lateness (departure from a literal reading of DESIGN.md, see
+Lateness (departure from a literal reading of docs/design.md, see
 docs/semantics.md): a row is late when its event time is at or before the
 watermark in force. Emitted sessions end at or before that watermark, so a
 row that is not late can never touch (or bridge into) a session that was
@@ -95,11 +95,11 @@ class SessionAggregate(StatefulOperator):
         assert self.state_dir is not None
         self.out_time_dtype = schema["out_time"]
         keys = schema["keys"]
-        self.row_schema = pl.Schema({**keys, SLOT: pl.Int64, **schema["values"]})
+        self.row_schema = pl.Schema({**keys, SLOT: pl.Int64(), **schema["values"]})
         self.state.define(
             "sessions",
             self.state_dir / "sessions",
-            key_schema={**keys, SLOT: pl.Int64},
+            key_schema={**keys, SLOT: pl.Int64()},
             value_schema=schema["values"],
             time_column=E,
         )
@@ -107,7 +107,7 @@ class SessionAggregate(StatefulOperator):
             "index",
             self.state_dir / "index",
             key_schema=keys,
-            value_schema={N: pl.Int64, MAX_END: pl.Int64},
+            value_schema={N: pl.Int64(), MAX_END: pl.Int64()},
             time_column=MAX_END,
         )
 
@@ -125,7 +125,7 @@ class SessionAggregate(StatefulOperator):
         if not self.state:
             if df.width == 0:
                 return False
-            values: dict[str, pl.DataType] = {S: pl.Int64, E: pl.Int64}
+            values: dict[str, pl.DataType] = {S: pl.Int64(), E: pl.Int64()}
             for agg in self.aggs:
                 values.update(agg.partial_dtypes(df.schema))
             schema = {

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from microbatch.checkpoint.files import read_json, write_json_atomic
-from microbatch.engine.watermark import event_time_ms
 from microbatch.exceptions import PlanError
 from microbatch.frames import collect
 from microbatch.operators.base import (
@@ -40,8 +39,10 @@ from microbatch.operators.base import (
     SingleStoreOperator,
     check_input_types,
     check_signature,
+    late_reason,
 )
 from microbatch.plan.aggregates import TIME, AggSpec
+from microbatch.plan.event_time import event_time_ms
 from microbatch.plan.windows import WindowSpec, assign_windows
 from sinks.base import OutputMode
 
@@ -104,7 +105,7 @@ class WindowAggregate(SingleStoreOperator):
             )
         keys: dict[str, pl.DataType] = {}
         if self.window is not None:
-            keys[WS] = pl.Int64
+            keys[WS] = pl.Int64()
         keys.update({k: df.schema[k] for k in self.keys})
         values: dict[str, pl.DataType] = {}
         for agg in self.aggs:
@@ -115,7 +116,7 @@ class WindowAggregate(SingleStoreOperator):
                 )
             values.update(agg.partial_dtypes(df.schema))
         if self.window is not None:
-            values.update({EXPIRE: pl.Int64, REV: pl.Int64})
+            values.update({EXPIRE: pl.Int64(), REV: pl.Int64()})
         out_dtype = df.schema[self.window.column] if self.window else None
         return {"keys": keys, "values": values, "out_time": out_dtype}
 
@@ -219,16 +220,15 @@ class WindowAggregate(SingleStoreOperator):
         newest_start = (pl.col(TIME) // spec.slide_ms) * spec.slide_ms
         oldest_end = newest_start + spec.slide_ms
         late_expr = pl.col(TIME).is_null()
-        reason = pl.when(pl.col(TIME).is_null()).then(pl.lit(f"event time {spec.column!r} is null"))
+        closed = None
         if wm is not None:
             late_expr = late_expr | (oldest_end <= wm)
-            reason = reason.otherwise(
-                pl.format(
-                    "window ending {} closed by watermark {}",
-                    oldest_end,
-                    pl.lit(wm + spec.allowed_lateness_ms),
-                )
+            closed = pl.format(
+                "window ending {} closed by watermark {}",
+                oldest_end,
+                pl.lit(wm + spec.allowed_lateness_ms),
             )
+        reason = late_reason(f"event time {spec.column!r} is null", closed)
         marked = collect(with_t.with_columns(late_expr.alias("__late")))
         late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
         live = assign_windows(

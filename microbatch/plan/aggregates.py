@@ -51,10 +51,11 @@ class AggSpec:
         """Expressions computing this aggregate's partials inside a group_by
         over rows of ``schema``."""
         names = self.partial_names()
-        col = pl.col(self.column) if self.column else None
+        if self.kind == "len":
+            return [pl.len().cast(pl.Int64).alias(names[0])]
+        assert self.column is not None  # every other kind aggregates a column
+        col = pl.col(self.column)
         match self.kind:
-            case "len":
-                return [pl.len().cast(pl.Int64).alias(names[0])]
             case "count":
                 return [col.count().cast(pl.Int64).alias(names[0])]
             case "sum":
@@ -124,9 +125,9 @@ class AggSpec:
 def _column_of(node: Any) -> str | None:
     if isinstance(node, dict):
         if "Column" in node:
-            return node["Column"]
+            return str(node["Column"])
         if "input" in node and isinstance(node["input"], dict) and "Column" in node["input"]:
-            return node["input"]["Column"]
+            return str(node["input"]["Column"])
     return None
 
 

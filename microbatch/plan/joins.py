@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import polars as pl
 
+from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError
-from microbatch.plan.durations import parse_duration_ms
 from microbatch.types import JoinHow, StaticHow
 
 SUFFIX = "_right"
@@ -45,10 +45,15 @@ def parse_keys(on: str | Sequence[str], *, what: str) -> tuple[str, ...]:
     return keys
 
 
-def parse_how(how: str, allowed: tuple[str, ...], *, what: str) -> str:
-    if how not in allowed:
-        raise PlanError(f"{what}: how={how!r} is not supported; use one of {list(allowed)}")
-    return how
+H = TypeVar("H", bound=str)
+
+
+def parse_how(how: str, allowed: tuple[H, ...], *, what: str) -> H:
+    """``how`` as one of ``allowed`` (typed as them), or a PlanError listing them."""
+    for choice in allowed:
+        if how == choice:
+            return choice
+    raise PlanError(f"{what}: how={how!r} is not supported; use one of {list(allowed)}")
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ class IntervalJoinSpec:
             right_time,
             lower_ms,
             upper_ms,
-            parse_how(how, get_args(JoinHow), what=what),  # type: ignore[arg-type]
+            parse_how(how, get_args(JoinHow), what=what),
         )
 
     def describe(self) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from typing import Any
 
 import polars as pl
 
-from microbatch.engine.watermark import WatermarkSpec
 from microbatch.frames import collect
 from microbatch.plan.aggregates import AggSpec
+from microbatch.plan.event_time import WatermarkSpec
 from microbatch.plan.joins import AsOfJoinSpec, IntervalJoinSpec, StaticJoinSpec, WindowJoinSpec
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import Source
@@ -121,7 +121,8 @@ def expr_step(name: str, method: str, args: Sequence[Any], kwargs: dict[str, Any
     """A step that calls ``LazyFrame.<method>(*args, **kwargs)``."""
 
     def apply(lf: pl.LazyFrame) -> pl.LazyFrame:
-        return getattr(lf, method)(*args, **kwargs)
+        out: pl.LazyFrame = getattr(lf, method)(*args, **kwargs)
+        return out
 
     shown = tuple(args) + tuple(f"{k}={v}" for k, v in kwargs.items())
     return Step(name, shown, apply)

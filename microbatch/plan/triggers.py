@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from microbatch.durations import format_duration_ms, parse_duration_ms
 from microbatch.exceptions import DurationError, TriggerError
-from microbatch.plan.durations import format_duration_ms, parse_duration_ms
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError
-from microbatch.plan.durations import parse_duration_ms
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,85 @@ def window(
 ) -> WindowSpec:
     """A tumbling window of ``size`` on ``column``, hopping by ``slide`` when given.
 
-    ``size`` must be a whole multiple of ``slide``. ``allowed_lateness`` keeps a
-    closed window's state that much longer: rows arriving within it update the
-    window and, in append mode, the corrected row is emitted again with the
-    next ``revision``.
+    Windows are half-open ``[start, end)`` and aligned to the epoch; a row
+    falls in one tumbling window, or in ``size / slide`` hopping windows. Use it
+    in :meth:`Stream.group_by` (the aggregation adds ``window_start`` and
+    ``window_end`` columns, typed like ``column``) or
+    :meth:`Stream.join_window`. A window closes when the watermark reaches its
+    end; in append mode its row is emitted then, once.
+
+    Parameters
+    ----------
+    column
+        The event-time column: a Datetime, a Date, or an integer of epoch
+        milliseconds.
+    size
+        The window length: a duration string (``"10s"``, ``"5m"``, ``"1h30m"``),
+        seconds, or a ``timedelta``.
+    slide
+        The hop between window starts (``None``: ``size``, tumbling). ``size``
+        must be a whole multiple of ``slide``.
+    allowed_lateness
+        Keep a closed window's state that much longer: rows arriving within it
+        update the window and, in append mode, the corrected row is emitted
+        again with the next ``revision`` (an extra output column).
+
+    Returns
+    -------
+    WindowSpec
+
+    Raises
+    ------
+    PlanError
+        When ``size`` or ``slide`` is not positive, ``size`` is not a multiple
+        of ``slide``, or a duration cannot be parsed.
+
+    Examples
+    --------
+    >>> mb.window("ts", "10m", "5m")
+    WindowSpec(column='ts', size_ms=600000, slide_ms=300000, allowed_lateness_ms=0)
+
+    Counts per 2-minute window, hopping by 1 minute (each row is in two
+    windows):
+
+    >>> from datetime import datetime
+    >>> times = [(0, 10), (0, 50), (1, 20), (3, 0)]
+    >>> events = pl.DataFrame({"ts": [datetime(2026, 1, 1, 0, m, s) for m, s in times]})
+    >>> query = (
+    ...     mb.read_memory(events)
+    ...     .with_watermark("ts", "0s")
+    ...     .group_by(mb.window("ts", "2m", "1m"))
+    ...     .agg(pl.len().alias("n"))
+    ...     .write_memory("doc_window_counts")
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> out = mb.table("doc_window_counts")
+    >>> out.select(pl.col("window_start", "window_end").dt.strftime("%H:%M"), "n").rows()
+    [('23:59', '00:01', 2), ('00:00', '00:02', 3), ('00:01', '00:03', 1)]
+
+    The windows holding the 00:03 row are still open: the watermark (00:03)
+    has not passed their end.
+
+    With ``allowed_lateness`` a row for a closed window corrects it, as a new
+    revision (here one row per batch, the last one late):
+
+    >>> times = [(0, 10), (1, 30), (3, 0), (0, 40)]
+    >>> events = pl.DataFrame({"ts": [datetime(2026, 1, 1, 0, m, s) for m, s in times]})
+    >>> query = (
+    ...     mb.read_memory(events, max_records_per_batch=1)
+    ...     .with_watermark("ts", "0s")
+    ...     .group_by(mb.window("ts", "1m", allowed_lateness="5m"))
+    ...     .agg(pl.len().alias("n"))
+    ...     .write_memory("doc_window_revisions")
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> out = mb.table("doc_window_revisions")
+    >>> out.select(pl.col("window_start").dt.strftime("%H:%M"), "n", "revision").rows()
+    [('00:00', 1, 0), ('00:01', 1, 0), ('00:00', 2, 1)]
     """
     size_ms = parse_duration_ms(size, what="window size")
     slide_ms = size_ms if slide is None else parse_duration_ms(slide, what="window slide")
@@ -84,7 +159,60 @@ def window(
 
 
 def session_window(column: str, gap: str | int) -> SessionWindowSpec:
-    """Session windows on ``column`` closed after ``gap`` without events."""
+    """Session windows on ``column`` closed after ``gap`` without events.
+
+    A row at ``t`` makes a session ``[t, t + gap)``; overlapping or touching
+    sessions of a key merge. The aggregation's ``window_start`` is the first
+    row's time and ``window_end`` the last row's time plus ``gap``. A session
+    closes (and, in append mode, is emitted) when the watermark reaches its
+    end. Sessions differ per key, so they cannot be used in ``join_window``.
+
+    Parameters
+    ----------
+    column
+        The event-time column: a Datetime, a Date, or an integer of epoch
+        milliseconds.
+    gap
+        The inactivity that ends a session: a duration string (``"30s"``),
+        seconds, or a ``timedelta``.
+
+    Returns
+    -------
+    SessionWindowSpec
+
+    Raises
+    ------
+    PlanError
+        When ``gap`` is not positive or cannot be parsed.
+
+    Examples
+    --------
+    >>> from datetime import datetime
+    >>> times = [(0, 0), (0, 10), (0, 50), (5, 0)]
+    >>> clicks = pl.DataFrame(
+    ...     {
+    ...         "ts": [datetime(2026, 1, 1, 0, m, s) for m, s in times],
+    ...         "user": ["a", "a", "a", "b"],
+    ...     }
+    ... )
+    >>> query = (
+    ...     mb.read_memory(clicks)
+    ...     .with_watermark("ts", "0s")
+    ...     .group_by(mb.session_window("ts", "30s"), "user")
+    ...     .agg(pl.len().alias("clicks"))
+    ...     .write_memory("doc_sessions")
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> out = mb.table("doc_sessions")
+    >>> span = pl.col("window_start", "window_end").dt.strftime("%M:%S")
+    >>> out.select(span, "user", "clicks").rows()
+    [('00:00', '00:40', 'a', 2), ('00:50', '01:20', 'a', 1)]
+
+    User ``b``'s session (from 05:00) is still open: the watermark has not
+    reached its end.
+    """
     gap_ms = parse_duration_ms(gap, what="session gap")
     if gap_ms <= 0:
         raise PlanError(f"session gap must be positive, got {gap!r}")

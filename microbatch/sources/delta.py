@@ -184,7 +184,7 @@ def _schema_from_json(text: str, where: str) -> pl.Schema:
         arrow = pa.schema(Schema.from_json(text).to_arrow())
     except Exception as exc:
         raise SourceError(f"cannot read the table schema in {where}: {exc}") from exc
-    return pl.from_arrow(arrow.empty_table()).schema  # type: ignore[union-attr]
+    return pl.DataFrame(arrow.empty_table()).schema
 
 
 class DeltaLogStore:
@@ -665,7 +665,7 @@ class DeltaSource(Source):
                     f"{again}"
                 ) from again
         arrow = pa.schema(table.schema().to_arrow())
-        return pl.from_arrow(arrow.empty_table()).schema  # type: ignore[union-attr]
+        return pl.DataFrame(arrow.empty_table()).schema
 
     # -- reading ----------------------------------------------------------------
 

@@ -25,7 +25,7 @@ import io
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,7 @@ class FileSource(Source):
         path: str | os.PathLike[str],
         *,
         format: FileFormat,
-        schema: pl.Schema | dict[str, Any] | None = None,
+        schema: pl.Schema | Mapping[str, Any] | None = None,
         max_files_per_batch: int | None = None,
         glob: str | None = None,
     ) -> None:
@@ -344,6 +344,7 @@ class FileSource(Source):
         records = _Records.split(buf, csv=csv)
         expected = records.count if csv else records.nonblank_count(0, records.count)
         goods: list[tuple[int, int, pl.DataFrame]]
+        bads: list[tuple[int, str]]
         if whole is not None and whole.height == expected:
             goods, bads = (
                 [(0, records.count, whole.filter(pl.Series(~records.blank)) if csv else whole)],

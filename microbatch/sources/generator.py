@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from microbatch.durations import format_duration_ms, parse_duration_ms
 from microbatch.exceptions import PlanError, SourceError
-from microbatch.plan.durations import format_duration_ms, parse_duration_ms
 from microbatch.sources.base import Source, SourceBatch
 
 CHUNK_ROWS = 65_536
@@ -38,10 +38,10 @@ changes the rows)."""
 
 GENERATOR_SCHEMA = pl.Schema(
     {
-        "event_id": pl.Int64,
-        "card_id": pl.Int64,
-        "merchant": pl.String,
-        "amount": pl.Float64,
+        "event_id": pl.Int64(),
+        "card_id": pl.Int64(),
+        "merchant": pl.String(),
+        "amount": pl.Float64(),
         "event_time": pl.Datetime("ms", "UTC"),
     }
 )

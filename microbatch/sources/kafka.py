@@ -47,13 +47,15 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 import polars as pl
+from confluent_kafka import Message as _Message  # C-speed map(_Message.value, msgs)
 
+from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError, SourceError
-from microbatch.plan.durations import parse_duration_ms
 from microbatch.sources.base import (
     DEAD_LETTER_SCHEMA,
     Source,
@@ -67,10 +69,6 @@ from sinks.kafka_common import check_config, client_log, redact
 
 log = logging.getLogger("microbatch.sources.kafka")
 
-try:  # the Message type, for C-speed ``map(_Message.value, msgs)`` over a batch
-    from confluent_kafka import Message as _Message
-except ImportError:  # pragma: no cover - confluent-kafka is a dependency
-    _Message = Any
 
 METADATA_COLUMNS = ("key", "topic", "partition", "offset", "timestamp")
 """Record metadata columns added after the value's columns, by default all."""
@@ -345,7 +343,7 @@ class KafkaSource(Source):
             if isinstance(spec, dict):
                 wanted[key] = spec.get(_key_str(key), EARLIEST)
             else:
-                wanted[key] = {"earliest": EARLIEST, "latest": LATEST}.get(spec, spec)  # type: ignore[arg-type]
+                wanted[key] = {"earliest": EARLIEST, "latest": LATEST}.get(spec, spec)
         out: dict[Key, int] = {}
         need_latest = [k for k, v in wanted.items() if v == LATEST]
         if need_latest:
@@ -457,7 +455,7 @@ class KafkaSource(Source):
     def _covers(self, key: Key, end: int) -> bool:
         """Do the messages held for ``key`` reach ``end``?"""
         held = self._leftover.get(key)
-        return bool(held) and held[-1].offset() >= end - 1
+        return bool(held) and held is not None and held[-1].offset() >= end - 1
 
     def _resume(self, consumer: Any, keys: Sequence[Key]) -> None:
         from confluent_kafka import TopicPartition
@@ -473,7 +471,7 @@ class KafkaSource(Source):
         ``on_data_loss="skip"``) the earliest offset still there.
         """
         s, e = rng
-        low = self._list_offsets([key], "earliest")[key]
+        low = int(self._list_offsets([key], "earliest")[key])
         if low <= at:
             return at
         self._data_loss(
@@ -609,7 +607,7 @@ class KafkaSource(Source):
         keys: list[Key] = []
         for topic in self.topics:
             meta = self._retry(
-                f"metadata of {topic!r}", lambda t=topic: admin.list_topics(topic=t, timeout=10)
+                f"metadata of {topic!r}", partial(admin.list_topics, topic=topic, timeout=10)
             )
             info = meta.topics.get(topic)
             if info is None:
@@ -632,7 +630,8 @@ class KafkaSource(Source):
         from confluent_kafka.admin import OffsetSpec
 
         _, admin = self._clients()
-        spec = OffsetSpec.latest() if which == "latest" else OffsetSpec.earliest()
+        # NOTE: OffsetSpec's factory methods carry no annotations in confluent-kafka
+        spec = OffsetSpec.latest() if which == "latest" else OffsetSpec.earliest()  # type: ignore[no-untyped-call]
         level = (IsolationLevel.READ_UNCOMMITTED
                  if self._isolation() == "read_uncommitted" else IsolationLevel.READ_COMMITTED)
 
@@ -828,7 +827,7 @@ def _runs(msgs: list[Any], *, multi_topic: bool) -> list[tuple[Key, list[Any]]]:
     change = parts[1:] != parts[:-1]
     topics: list[str] | None = None
     if multi_topic:
-        topics = list(map(_Message.topic, msgs))
+        topics = [str(t) for t in map(_Message.topic, msgs)]
         names = np.array(topics, dtype=object)
         change |= names[1:] != names[:-1]
     else:

@@ -74,8 +74,7 @@ def decode_values(
         keep = np.ones(n, dtype=bool)
         keep[empty] = False
         index = everything[keep]
-        values = [v for v in values if v]
-    raw: list[bytes] = list(values)  # type: ignore[arg-type]  # no None left
+    raw = [v for v in values if v]  # the empty and null values were set aside above
     if not raw:
         return Decoded(schema.to_frame(), index[:0], sorted(bad))
     buf = b"\n".join(raw)

@@ -19,7 +19,8 @@ from typing import Any
 import polars as pl
 
 from microbatch.exceptions import PlanError, SourceError
-from microbatch.sources.base import Offset, Source, SourceBatch
+from microbatch.sources.base import Source, SourceBatch
+from microbatch.types import Offset
 
 
 def _as_schema(schema: pl.Schema | Mapping[str, Any] | None) -> pl.Schema | None:

@@ -3,7 +3,7 @@
 Lateness is checked independently of the engine's window code: each input
 record is placed in its batch by the offset ranges recorded in
 ``offsets/N``, and is late exactly when its window's end is at or before the
-watermark recorded for that batch (Spark's rule, DESIGN.md).
+watermark recorded for that batch (Spark's rule, docs/design.md).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import polars as pl
 
 import microbatch as mb
-from microbatch.plan.durations import parse_duration_ms
+from microbatch.durations import parse_duration_ms
 from sinks.parquet import ParquetSink
 
 Format = Literal["json", "csv", "parquet"]

@@ -39,8 +39,8 @@ from typing import Literal
 import polars as pl
 
 import microbatch as mb
+from microbatch.durations import parse_duration_ms
 from microbatch.engine.faults import POINTS
-from microbatch.plan.durations import parse_duration_ms
 from microbatch.sources.generator import GeneratorSource
 
 ROOT = Path(__file__).resolve().parents[2]
