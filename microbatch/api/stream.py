@@ -27,6 +27,7 @@ from microbatch.plan.nodes import (
     AggregateNode,
     AsOfJoinNode,
     DedupeNode,
+    FireOnceNode,
     IntervalJoinNode,
     PlanNode,
     SourceNode,
@@ -230,6 +231,79 @@ class Stream:
         if len(windows) > 1:
             raise PlanError("group_by takes at most one window")
         return GroupedStream(self, windows[0] if windows else None, tuple(names))
+
+    def fire_once(self, condition: pl.Expr, *, corrections: bool = False) -> Stream:
+        """Fire a rule on a windowed aggregation once per window, as early as it holds.
+
+        The aggregation below emits a window's row in every batch that changes
+        it (early firing, as Spark's ``update`` mode); ``fire_once`` passes a
+        row on in the batch where ``condition`` first holds for its window and
+        keys, and never again for that window: a rule such as "3 or more
+        payments per card and minute" alerts when the third payment arrives, not
+        when the minute closes, and not again at the fourth. With the window's
+        ``allowed_lateness``, rows arriving that late still count and can fire
+        their old window; later rows go to the late output. The result is an
+        append stream: each (window, keys) appears once, across crashes and
+        replays.
+
+        For a condition that stays true once it holds while a window grows
+        (counts, maxima, sums of positive amounts against a bound), the windows
+        that fire are exactly those of the one-shot result over the rows that
+        were not late, whatever the batches.
+
+        Parameters
+        ----------
+        condition
+            A boolean Polars expression over the aggregated columns
+            (``window_start``, ``window_end``, the keys, the aggregates).
+        corrections
+            Also emit every later change of a window that fired, with a
+            ``revision`` column (0 for the firing, then 1, 2...): a sink that
+            upserts by the window's key then holds the final values.
+
+        Returns
+        -------
+        Stream
+
+        Raises
+        ------
+        PlanError
+            When the stream is not a ``group_by(mb.window(...), ...).agg(...)``.
+
+        Examples
+        --------
+        >>> from datetime import datetime, UTC
+        >>> def at(s): return datetime(2026, 1, 1, 0, 0, s, tzinfo=UTC)
+        >>> pays = mb.read_memory(schema={"card": pl.Int64, "ts": pl.Datetime("ms", "UTC")},
+        ...                       max_records_per_batch=1)  # one payment per batch
+        >>> _ = pays.add({"card": [7, 7, 7, 7], "ts": [at(1), at(2), at(3), at(4)]})
+        >>> alerts = (
+        ...     pays.with_watermark("ts", "10s")
+        ...     .group_by(mb.window("ts", "1m"), "card")
+        ...     .agg(pl.len().alias("n"))
+        ...     .fire_once(pl.col("n") >= 3)
+        ... )
+        >>> q = alerts.write_memory("doc_fire_once").start(trigger="available-now")
+        >>> q.await_termination()
+        True
+        >>> mb.table("doc_fire_once").select("card", "n").rows()  # at the 3rd, not the 4th
+        [(7, 3)]
+        """
+        node = self._plan
+        window = node.window if isinstance(node, AggregateNode) else None
+        if not isinstance(window, WindowSpec):
+            raise PlanError(
+                "fire_once(condition) goes right after group_by(mb.window(col, size), "
+                "*keys).agg(...): it fires once per window, so it needs a tumbling or "
+                f"hopping window (got {node.label()})"
+            )
+        if not isinstance(condition, pl.Expr):
+            raise PlanError(
+                f"fire_once needs a boolean Polars expression such as pl.col('n') >= 3, "
+                f"got {condition!r}"
+            )
+        assert isinstance(node, AggregateNode)
+        return self._with_plan(FireOnceNode(node, condition, corrections))
 
     def drop_duplicates(self, subset: str | Sequence[str], *, within: str | int) -> Stream:
         """Keep the first row per ``subset`` key; forget a key once the watermark

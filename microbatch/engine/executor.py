@@ -24,6 +24,7 @@ from microbatch.plan.nodes import (
     AggregateNode,
     AsOfJoinNode,
     DedupeNode,
+    FireOnceNode,
     IntervalJoinNode,
     PlanNode,
     SourceNode,
@@ -80,6 +81,8 @@ class BatchExecutor:
         self._wm_ids: dict[int, str] = {}
         self._ops: dict[int, StatefulOperator] = {}
         specs: dict[str, WatermarkSpec] = {}
+        # NOTE: an aggregation under fire_once emits every change (early firing)
+        early = {id(n.child) for n in plan.walk() if isinstance(n, FireOnceNode)}
         for node in plan.walk():
             if isinstance(node, WatermarkNode):
                 nid = f"wm-{len(specs)}"
@@ -87,7 +90,10 @@ class BatchExecutor:
                 specs[nid] = node.spec
             elif isinstance(node, AggregateNode):
                 op_id = f"agg-{len(self._ops)}"
-                self._ops[id(node)] = build_operator(node, op_id, output_mode)
+                mode: OutputMode = "update" if id(node) in early else output_mode
+                self._ops[id(node)] = build_operator(node, op_id, mode)
+            elif isinstance(node, FireOnceNode):
+                self._ops[id(node)] = build_fire_once(node, f"fire-{len(self._ops)}")
             elif isinstance(node, DedupeNode):
                 from microbatch.operators.dedupe import Deduplicate
 
@@ -143,7 +149,7 @@ class BatchExecutor:
             df = collect(self._lazy(node.child, inputs, ctx))
             self.tracker.observe(self._wm_ids[id(node)], df, ctx.timestamp_ms)
             return df.lazy()
-        if isinstance(node, AggregateNode | DedupeNode):
+        if isinstance(node, AggregateNode | DedupeNode | FireOnceNode):
             df = collect(self._lazy(node.child, inputs, ctx))
             df = df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
             return self._ops[id(node)].process(df, ctx).lazy()
@@ -179,6 +185,20 @@ class BatchExecutor:
 
     def state_metrics(self) -> dict[str, Any]:
         return {op.operator_id: op.metrics() for op in self.operators}
+
+
+def build_fire_once(node: FireOnceNode, operator_id: str) -> StatefulOperator:
+    """The runtime operator of ``fire_once`` over its aggregation."""
+    from microbatch.operators.fire_once import FireOnce
+
+    window = node.child.window
+    return FireOnce(
+        operator_id=operator_id,
+        condition=node.condition,
+        keys=list(node.child.keys),
+        allowed_lateness_ms=getattr(window, "allowed_lateness_ms", 0),
+        corrections=node.corrections,
+    )
 
 
 def build_join_operator(

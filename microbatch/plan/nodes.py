@@ -171,6 +171,30 @@ class AggregateNode(PlanNode):
 
 
 @dataclass(frozen=True, eq=False)
+class FireOnceNode(PlanNode):
+    """``agg(...).fire_once(condition)``: a windowed aggregation fired early.
+
+    The aggregation below emits a window's row in every batch that changes it
+    (early firing); this node passes a row on the first time ``condition`` holds
+    for its (window, keys), and, with ``corrections``, each later change of a
+    fired window with the next ``revision``. It keeps the fired keys in state
+    until the watermark passes the window's end plus its allowed lateness.
+    """
+
+    child: AggregateNode
+    condition: pl.Expr
+    corrections: bool = False
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        more = ", with corrections" if self.corrections else ""
+        return f"FireOnce(when {self.condition}{more})  [stateful]"
+
+
+@dataclass(frozen=True, eq=False)
 class DedupeNode(PlanNode):
     """``drop_duplicates(subset, within)``: first row per key; keeps state."""
 

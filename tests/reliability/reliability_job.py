@@ -5,11 +5,12 @@ A windowed aggregation with state, end to end::
     generator or JSON-lines files -> with_watermark("event_time", delay)
         -> group_by(window(event_time, W) | session_window(event_time, gap), card_id)
         -> agg(n = len(), total = sum(amount as Decimal(18, 2)))
+        [-> fire_once(n >= FIRE_AT): early alerts, once per window]
         -> Parquet manifest sink or Delta sink; late rows -> Parquet side output
 
 Params (all strings): ``output`` (required); ``source`` (``generator`` |
 ``files``), ``input`` (the directory, for ``files``), ``agg`` (``tumbling`` |
-``session``), ``sink`` (``parquet`` | ``delta``), ``window`` (``1m``), ``gap``
+``session`` | ``fire_once``), ``sink`` (``parquet`` | ``delta``), ``window`` (``1m``), ``gap``
 (``30s``), ``delay`` (``10s``), ``rows``, ``cap`` (records or files per
 batch), ``seed``, ``cards``, ``partitions``.
 
@@ -54,6 +55,8 @@ SCHEMA = {
 }
 """Columns of the JSON-lines input of the ``files`` source."""
 MONEY = pl.Decimal(18, 2)
+FIRE_AT = 3
+"""``agg=fire_once``: a window fires when it holds this many rows."""
 
 
 def build(params: dict[str, str]) -> mb.DataStreamWriter:
@@ -86,6 +89,8 @@ def build(params: dict[str, str]) -> mb.DataStreamWriter:
         .agg(pl.len().alias("n"), pl.col("amount").sum().alias("total"))
         .on_late(ParquetSink(params["output"] + "-late"))
     )
+    if params.get("agg") == "fire_once":
+        result = result.fire_once(pl.col("n") >= FIRE_AT)
     if params.get("sink", "parquet") == "delta":
         return result.write_delta(params["output"])
     return result.write_parquet(params["output"])

@@ -1,0 +1,150 @@
+"""``agg(...).fire_once(condition)``: a rule on a windowed aggregate fires once.
+
+Below it, the window aggregation emits a window's row in every batch that
+changes it (early firing, Spark's ``update`` mode). Per batch, vectorized:
+
+1. evaluate ``condition`` on the batch's changed rows;
+2. look up their (window, keys) in state: the windows that already fired;
+3. a row whose condition holds and whose window never fired is emitted with
+   ``revision`` 0 and its window is remembered; with ``corrections``, a changed
+   row of a window that already fired is emitted again with the next revision;
+4. forget windows once the watermark passes their end plus the window's allowed
+   lateness: the aggregation has dropped them too, and no later row can change
+   them (such rows are late).
+
+So each (window, keys) fires at most once, in the batch where the condition
+first holds, across crashes and replays (the state is versioned with the batch).
+For a condition that stays true once it holds as a window grows (``n >= 3``,
+a sum of positive amounts over a bound), the set of windows that fired equals
+the one-shot result over the rows that were not late, whatever the batch split.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from microbatch.exceptions import PlanError
+from microbatch.operators.base import OperatorContext, SingleStoreOperator, check_signature
+from microbatch.operators.window_agg import _read_schema, _write_schema
+from microbatch.plan.event_time import event_time_ms
+
+if TYPE_CHECKING:
+    from statestore import StateStore, StateStoreProvider
+
+WS = "__ws"
+REV = "__rev"
+EXPIRE = "__expire_at"
+FIRE = "__fire"
+REVISION = "revision"
+"""Output column with ``corrections``: 0 for the firing, then 1, 2... per change."""
+
+
+class FireOnce(SingleStoreOperator):
+    """Emits each window's row the first time ``condition`` holds (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        operator_id: str,
+        condition: pl.Expr,
+        keys: list[str],
+        allowed_lateness_ms: int,
+        corrections: bool,
+    ) -> None:
+        self.operator_id = operator_id
+        self.condition = condition
+        self.keys = keys
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self.corrections = corrections
+        self.state_dir: Path | None = None
+        self.provider: StateStoreProvider | None = None
+        self.store: StateStore | None = None
+
+    def signature(self) -> dict[str, Any]:
+        return {
+            "kind": "fire_once",
+            "condition": str(self.condition),
+            "keys": self.keys,
+            "allowed_lateness_ms": self.allowed_lateness_ms,
+            "corrections": self.corrections,
+        }
+
+    def open(self, state_dir: Path | None, batch_id: int) -> None:
+        self.state_dir = state_dir
+        if state_dir is not None:
+            check_signature(state_dir, self.signature())
+            if (state_dir / "schema.arrow").exists():
+                self._make_provider(_read_schema(state_dir / "schema.arrow"))
+
+    def _make_provider(self, schema: dict[str, Any]) -> None:
+        from statestore import StateStoreProvider
+
+        assert self.state_dir is not None
+        self.provider = StateStoreProvider(
+            self.state_dir,
+            key_schema=schema["keys"],
+            value_schema=schema["values"],
+            time_column=EXPIRE,
+        )
+
+    def _load(self, df: pl.DataFrame, batch_id: int) -> StateStore | None:
+        if self.provider is None:
+            if df.width == 0:
+                return None
+            keys: dict[str, pl.DataType] = {WS: pl.Int64()}
+            keys.update({k: df.schema[k] for k in self.keys})
+            schema = {
+                "keys": keys,
+                "values": {REV: pl.Int64(), EXPIRE: pl.Int64()},
+                "out_time": None,
+            }
+            assert self.state_dir is not None
+            _write_schema(self.state_dir / "schema.arrow", schema)
+            self._make_provider(schema)
+        assert self.provider is not None
+        self.store = self.provider.load(batch_id)
+        return self.store
+
+    def has_expirable_state(self, watermark_ms: int | None) -> bool:
+        return watermark_ms is not None
+
+    def process(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
+        store = self._load(df, ctx.batch_id)
+        if store is None:
+            return df
+        fired_now = 0
+        out = df
+        if df.height:
+            out, fired_now = self._fire(store, df)
+        if ctx.watermark_ms is not None:
+            store.pop_expired(ctx.watermark_ms)
+        ctx.metrics[self.operator_id] = {**store.metrics, "fired": fired_now}
+        return out
+
+    def _fire(self, store: StateStore, df: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+        try:
+            rows = df.with_columns(
+                event_time_ms("window_start", df.schema).alias(WS),
+                self.condition.fill_null(False).alias(FIRE),
+            )
+        except pl.exceptions.PolarsError as exc:
+            raise PlanError(
+                f"fire_once: the condition {self.condition} cannot be evaluated on the "
+                f"aggregated rows (columns {df.columns}): {exc}"
+            ) from exc
+        state_keys = [WS, *self.keys]
+        found = store.lookup(rows.select(state_keys))
+        rows = rows.with_columns(found["__found"], found[REV])
+        first = pl.col(FIRE) & ~pl.col("__found")
+        emit = first | pl.col("__found") if self.corrections else first
+        chosen = rows.filter(emit).with_columns(
+            pl.when(pl.col("__found")).then(pl.col(REV) + 1).otherwise(0).alias(REV)
+        )
+        expire = event_time_ms("window_end", df.schema) + self.allowed_lateness_ms
+        store.upsert(chosen.select(*state_keys, REV, expire.alias(EXPIRE)))
+        out = chosen.drop(WS, FIRE, "__found")
+        out = out.rename({REV: REVISION}) if self.corrections else out.drop(REV)
+        return out, int(chosen.select((~pl.col("__found")).sum()).item())
