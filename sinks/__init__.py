@@ -14,6 +14,8 @@ engine, so the sinks can be used and tested on their own.
 - :class:`DeltaSink`: a Delta table, one commit per batch carrying the app
   transaction ``(query_id, batch_id)`` (append, update by MERGE, complete).
 - :class:`KafkaSink`: a Kafka topic, one transaction per batch (or dedupe headers).
+- :class:`WebhookSink`: an HTTP POST per row (or JSON array) with an
+  ``Idempotency-Key``: at least once per key, one body per key.
 - :class:`FanOutSink`: several sinks, each exactly once per batch id.
 """
 
@@ -34,6 +36,7 @@ from sinks.memory import (
     memory_table,
 )
 from sinks.parquet import ParquetSink, committed_files, read_parquet_output
+from sinks.webhook import WebhookSink
 
 __all__ = [
     "BatchContext",
@@ -50,6 +53,7 @@ __all__ = [
     "SinkContext",
     "SinkError",
     "UnknownTableError",
+    "WebhookSink",
     "committed_files",
     "drop_memory_table",
     "memory_batches",

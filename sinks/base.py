@@ -154,3 +154,8 @@ class Sink(ABC):
     def describe(self) -> dict[str, Any]:
         """A JSON description for plans, status and fingerprints."""
         return {"kind": type(self).__name__}
+
+    def metrics(self) -> dict[str, Any]:
+        """Figures of the last batch for its progress record (JSON values);
+        ``{}`` when the sink has none."""
+        return {}

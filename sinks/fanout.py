@@ -52,6 +52,11 @@ class FanOutSink(Sink):
         if errors:
             raise errors[0]
 
+    def metrics(self) -> dict[str, Any]:
+        """Each sink's figures of the last batch, by its label (sinks without any
+        are left out)."""
+        return {sink.label: m for sink in self.sinks if (m := sink.metrics())}
+
     def describe(self) -> dict[str, Any]:
         """The descriptions of the sinks."""
         return {"kind": type(self).__name__, "sinks": [s.describe() for s in self.sinks]}

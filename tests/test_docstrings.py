@@ -54,6 +54,7 @@ DOCUMENTED = [
     "microbatch.api.stream.Stream.group_by",
     "microbatch.api.stream.GroupedStream.agg",
     "microbatch.api.stream.Stream.drop_duplicates",
+    "microbatch.api.stream.Stream.fire_once",
     # stream: joins
     "microbatch.api.stream.Stream.join_interval",
     "microbatch.api.stream.Stream.join_window",
@@ -72,6 +73,7 @@ DOCUMENTED = [
     "microbatch.api.stream.Stream.write_memory",
     "microbatch.api.stream.Stream.write_parquet",
     "microbatch.api.stream.Stream.write_delta",
+    "microbatch.api.stream.Stream.write_webhook",
     "microbatch.api.stream.Stream.write_kafka",
     "microbatch.api.stream.Stream.write_console",
     "microbatch.api.stream.Stream.foreach_batch",

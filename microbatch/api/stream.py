@@ -10,6 +10,7 @@ from typing import Any, Literal
 import polars as pl
 
 from microbatch.api.writer import DataStreamWriter
+from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.aggregates import parse_aggregations
@@ -1315,6 +1316,94 @@ class Stream:
             config=config,
             value_format=value_format,
             mode=mode,
+        )
+        return self.write_to(sink, output_mode=output_mode)
+
+    def write_webhook(
+        self,
+        url: str,
+        *,
+        key: str,
+        batch_size: int | None = None,
+        timeout: str | float = "10s",
+        headers: Mapping[str, str] | None = None,
+        token_env: str | None = None,
+        max_in_flight: int = 8,
+        retry_for: str | float = "10m",
+        backoff: tuple[str | float, str | float] = ("200ms", "30s"),
+        verify: bool | str = True,
+        dead_letters: Sink | None = None,
+        output_mode: OutputMode = "append",
+    ) -> DataStreamWriter:
+        """POST every row to an HTTP endpoint with an ``Idempotency-Key`` (at least
+        once per key, the same body every time).
+
+        One JSON object per row (or, with ``batch_size``, JSON arrays of up to
+        that many rows); ``Idempotency-Key`` is the ``key`` column (a hash of
+        the chunk's keys in batch mode). Connection errors, timeouts, 408, 429
+        (``Retry-After`` honoured) and 5xx are retried with exponential backoff
+        and jitter for up to ``retry_for``; other 4xx answers send the row to the
+        dead letters with the status and an excerpt of the answer. A batch
+        commits only once every row was acknowledged or dead-lettered. See
+        :class:`sinks.webhook.WebhookSink`.
+
+        Parameters
+        ----------
+        url
+            The endpoint, ``https://`` (certificates verified) or ``http://``.
+        key
+            The column holding each row's idempotency key (e.g. an alert id).
+        batch_size
+            ``None`` for one POST per row, or the rows per JSON-array POST.
+        timeout
+            Connect and read/write timeout, a duration (``"10s"``) or seconds.
+        headers
+            Extra request headers; only their names are ever shown.
+        token_env
+            The environment variable holding a bearer token (never shown).
+        max_in_flight
+            Requests open at once.
+        retry_for
+            How long a batch retries before it fails (and is re-run on restart).
+        backoff
+            First and longest retry delay; the delay doubles, with full jitter.
+        verify
+            HTTPS certificate verification: ``True``, ``False`` or a CA bundle path.
+        dead_letters
+            A sink for refused rows (default: Parquet in the checkpoint's
+            ``dead_letter_webhook/``).
+        output_mode
+            ``"append"`` or ``"update"``.
+
+        Returns
+        -------
+        DataStreamWriter
+
+        Examples
+        --------
+        >>> alerts = mb.read_memory(schema={"alert_id": pl.String, "card": pl.Int64})
+        >>> writer = alerts.write_webhook("https://hooks.example.com/fraud",
+        ...                               key="alert_id", token_env="FRAUD_HOOK_TOKEN")
+        >>> writer.describe()["sink"]["url"]
+        'https://hooks.example.com/fraud'
+        """
+        from sinks.webhook import WebhookSink
+
+        def seconds(value: str | float, what: str) -> float:
+            return parse_duration_ms(value, what=f"write_webhook {what}") / 1000
+
+        sink = WebhookSink(
+            url,
+            key=key,
+            batch_size=batch_size,
+            timeout=seconds(timeout, "timeout"),
+            headers=headers,
+            token_env=token_env,
+            max_in_flight=max_in_flight,
+            retry_for=seconds(retry_for, "retry_for"),
+            backoff=(seconds(backoff[0], "backoff"), seconds(backoff[1], "backoff")),
+            verify=verify,
+            dead_letters=dead_letters,
         )
         return self.write_to(sink, output_mode=output_mode)
 

@@ -527,6 +527,7 @@ class MicroBatchExecution:
             },
             watermark_partitions=self.tracker.partition_report(batch.timestamp_ms),
             sink_description=self.sink.describe(),
+            sink_metrics=self.sink.metrics(),
             latency=self.sink.latency(batch.batch_id)
             if isinstance(self.sink, LatencyProbe)
             else None,

@@ -97,6 +97,10 @@ class LatencyProbe(Sink):
         """The wrapped sink's description (the fingerprint must not change)."""
         return self.inner.describe()
 
+    def metrics(self) -> dict[str, Any]:
+        """The wrapped sink's figures of the last batch."""
+        return self.inner.metrics()
+
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (e.g. during unpickling)
             raise AttributeError(name)

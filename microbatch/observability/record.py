@@ -83,6 +83,8 @@ class BatchFacts:
     """Per operator: ``"watermark"`` or ``"none"`` (its state only grows)."""
     watermark_partitions: Sequence[Mapping[str, Any]]
     sink_description: Mapping[str, Any]
+    sink_metrics: Mapping[str, Any]
+    """The sink's own figures of the batch (a webhook's posts, retries...)."""
     latency: Mapping[str, Any] | None
     previous: Mapping[str, Any] | None
     """The progress record of the batch before (``None`` for the first one)."""
@@ -145,6 +147,7 @@ def progress_record(facts: BatchFacts, *, now_ms: int) -> dict[str, Any]:
             "output_rows": f.output_rows,
             "write_ms": f.durations_ms.get("sink"),
             "latency_ms": latency,
+            "metrics": _jsonable(f.sink_metrics),
         },
         "latency_ms": latency,
     }
