@@ -1,113 +1,164 @@
-"""Fraud alerts: card transactions on Kafka -> alerts to Kafka and to a table, exactly once.
+"""Fraud alerts: 3 or more card transactions in one minute of event time, alerted at once.
 
-Rule: a card with 3 or more transactions inside one 1-minute tumbling window of
-event time. Transactions arrive as JSON on a Kafka topic (``card_id``,
-``amount``, ``event_time`` ISO-8601, ``merchant``, ``event_id``), some of them
-up to an hour late. The watermark trails the newest event time by 30 s per
-Kafka partition; a window's alert is emitted once, when the watermark passes
-the window's end. Transactions whose window had already closed go to the
-late side output (a Parquet directory), never silently dropped.
+The design brief's scenario, as one job with one rule:
 
-Each alert carries a deterministic ``alert_id`` (card and window start), and
-goes to (a) a Kafka topic, one transaction per batch (read it with
-``isolation.level=read_committed``), and (b) a Delta table (a Parquet
-directory with ``--param table_format=parquet``), each exactly once per batch
-id. A replay of the same log gives the same alerts::
+- **Input**: card transactions (``event_id``, ``card_id``, ``merchant``,
+  ``amount``, ``event_time``) from a Kafka topic (JSON values), or replayed from a
+  directory of Parquet files (the lakehouse log; arrival order = file mtime).
+- **Rule**: per card and 1-minute tumbling window of *event time* (the payment's
+  own timestamp, not its arrival), 3 or more transactions. It fires **early**: in
+  the batch where the third transaction arrives, not when the minute closes
+  (``fire_once``), and once per window, across crashes and replays.
+- **Lateness**: the watermark trails the newest event time by ``delay`` (10 s);
+  a transaction up to ``allowed_lateness`` (1 h) late still counts, and can
+  raise the alert of its old window when it arrives (mobile clients upload an
+  hour late); later ones go to ``late_output`` with their reason, counted.
+- **Output**, fanned out from the one rule: the alert, once, to a Kafka topic
+  (one transaction per batch) and to an HTTP webhook (``Idempotency-Key`` = the
+  alert id, the same body on every redelivery); and a Delta table of alerts,
+  one row per ``alert_id``, MERGEd with every later change of the window
+  (``revision``), so it ends with the window's final count and total.
 
-    python jobs/fraud_alerts.py produce --bootstrap 127.0.0.1:9092 --rows 200000
-    microbatch run jobs/fraud_alerts.py --checkpoint chk/fraud --trigger 10s \\
-        --param bootstrap=127.0.0.1:9092 --param output=lake/fraud_alerts
+An alert is ``alert_id`` (``<card>-<window start in epoch ms>``: deterministic,
+the key that keeps a retry from paging twice), ``card_id``, ``window_start``,
+``window_end``, ``transactions``, ``total_amount``, ``max_amount`` (exact
+decimals), ``first_event_time``, ``last_event_time`` and ``revision`` (0 in the
+page; the table's latest)::
 
-Params: ``bootstrap`` (required), ``topic`` (``transactions``),
-``alerts_topic`` (``fraud-alerts``), ``output`` (``lake/fraud_alerts``),
-``late_output`` (``<output>-late``), ``table_format`` (``delta`` or
-``parquet``), ``max_records_per_batch`` (``50000``).
+    microbatch run jobs/fraud_alerts.py --checkpoint chk/fraud --trigger 1s \\
+        --param bootstrap=127.0.0.1:9092 --param topic=transactions \\
+        --param output=lake/fraud_alerts --param webhook=http://127.0.0.1:8000/alerts
+
+Params (the contract is checked by a harness outside the repo; keep the names):
+``input=DIR`` (Parquet files) or ``bootstrap=HOST:PORT`` and ``topic``
+(``transactions``); ``max_files_per_batch`` (files) / ``max_records_per_batch``
+(Kafka, 50000); ``delay`` (``10s``); ``allowed_lateness`` (``1h``);
+``webhook=URL`` (omitted: no webhook; ``webhook_token_env`` names an
+environment variable with a bearer token); ``output`` (the Delta table,
+``lake/fraud_alerts``); ``late_output`` (a Delta table, ``<output>-late``);
+``alerts_topic`` (``fraud-alerts``, only with ``bootstrap``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 import microbatch as mb
 from sinks.base import Sink
+from sinks.delta import DeltaSink
 from sinks.fanout import FanOutSink
 from sinks.kafka import KafkaSink
-from sinks.parquet import ParquetSink
+from sinks.routed import Routed
 
+MONEY = pl.Decimal(18, 2)
 SCHEMA = {
     "event_id": pl.Int64,
     "card_id": pl.Int64,
     "merchant": pl.String,
-    "amount": pl.Decimal(18, 2),
+    "amount": MONEY,
     "event_time": pl.Datetime("ms", "UTC"),
 }
-"""A card transaction as it is on the topic (JSON). ``amount`` is money: decoded
-from the JSON text as an exact decimal, so alert totals are exact sums."""
+"""A card transaction as it arrives. ``amount`` is money: decoded from JSON text
+or Parquet as an exact decimal, so alert totals are exact sums."""
 MIN_TRANSACTIONS = 3
 WINDOW = "1m"
-WATERMARK_DELAY = "30s"
+DELAY = "10s"
+ALLOWED_LATENESS = "1h"
 START = "2026-01-01T00:00:00+00:00"
+PAGE = pl.col("revision") == 0
+"""The rows that page (the webhook, the alerts topic): the firing, not its corrections."""
 
 
-def transactions(bootstrap: str, topic: str, *, max_records_per_batch: int | None = 50_000,
-                 config: dict[str, Any] | None = None) -> mb.Stream:
-    """The transactions topic as a stream (value columns plus Kafka metadata)."""
-    return mb.read_kafka(topic, bootstrap=bootstrap, format="json", schema=SCHEMA,
-                         max_records_per_batch=max_records_per_batch, config=config)
+def transactions(params: dict[str, str]) -> mb.Stream:
+    """The transactions: Parquet files (``input``) or a Kafka topic (``bootstrap``)."""
+    if params.get("input"):
+        cap = _int(params, "max_files_per_batch") if "max_files_per_batch" in params else None
+        return mb.read_files(params["input"], format="parquet", schema=SCHEMA,
+                             max_files_per_batch=cap)
+    bootstrap = params.get("bootstrap")
+    if not bootstrap:
+        raise mb.JobError(
+            "fraud_alerts reads --param input=DIR (Parquet files) or "
+            "--param bootstrap=HOST:PORT --param topic=NAME (Kafka)"
+        )
+    return mb.read_kafka(params.get("topic", "transactions"), bootstrap=bootstrap,
+                         format="json", schema=SCHEMA,
+                         max_records_per_batch=_int(params, "max_records_per_batch", 50_000))
 
 
-def alerts(tx: mb.Stream) -> mb.Stream:
-    """Cards with ``MIN_TRANSACTIONS`` or more transactions in one window, with an ``alert_id``."""
+def alerts(tx: mb.Stream, *, delay: str = DELAY, allowed_lateness: str = ALLOWED_LATENESS,
+           ) -> mb.Stream:
+    """The rule: cards with ``MIN_TRANSACTIONS`` or more in one window, fired once,
+    as soon as it holds, with corrections of the fired window as ``revision`` 1, 2..."""
     return (
-        tx.with_watermark("event_time", WATERMARK_DELAY)
-        .group_by(mb.window("event_time", WINDOW), "card_id")
+        tx.with_watermark("event_time", delay)
+        .group_by(mb.window("event_time", WINDOW, allowed_lateness=allowed_lateness),
+                  "card_id")
         .agg(
             pl.len().alias("transactions"),
             pl.col("amount").sum().alias("total_amount"),
             pl.col("amount").max().alias("max_amount"),
+            pl.col("event_time").min().alias("first_event_time"),
+            pl.col("event_time").max().alias("last_event_time"),
         )
-        .filter(pl.col("transactions") >= MIN_TRANSACTIONS)
+        .fire_once(pl.col("transactions") >= MIN_TRANSACTIONS, corrections=True)
         .with_columns(
             pl.format("{}-{}", pl.col("card_id"), pl.col("window_start").dt.epoch("ms"))
             .alias("alert_id")
         )
+        .select("alert_id", pl.exclude("alert_id"))
     )
 
 
-def alert_sinks(params: dict[str, str], bootstrap: str) -> Sink:
-    """The alerts topic (a Kafka transaction per batch) and the alerts table."""
+def alert_sinks(params: dict[str, str]) -> Sink:
+    """The alert table (every revision, MERGEd by alert id), and the pages: the
+    webhook and the alerts topic (revision 0 only)."""
     output = params.get("output", "lake/fraud_alerts")
-    table: Sink
-    if params.get("table_format", "delta") == "delta":
-        from sinks.delta import DeltaSink
+    routes: list[Sink] = [
+        Routed(DeltaSink(output, merge_keys="alert_id"), output_mode="update",
+               key_columns=("alert_id",)),
+    ]
+    if params.get("bootstrap"):
+        topic = KafkaSink(params.get("alerts_topic", "fraud-alerts"),
+                          bootstrap=params["bootstrap"], key="card_id",
+                          delivery_guarantee="exactly_once")
+        routes.append(Routed(topic, where=PAGE))
+    if params.get("webhook"):
+        from sinks.webhook import WebhookSink
 
-        table = DeltaSink(output)
-    else:
-        table = ParquetSink(output)
-    topic = KafkaSink(params.get("alerts_topic", "fraud-alerts"), bootstrap=bootstrap,
-                      key="card_id", delivery_guarantee="exactly_once")
-    return FanOutSink([topic, table])
+        hook = WebhookSink(params["webhook"], key="alert_id",
+                           token_env=params.get("webhook_token_env"))
+        routes.append(Routed(hook, where=PAGE))
+    return FanOutSink(routes)
 
 
 def build(params: dict[str, str]) -> mb.DataStreamWriter:
     """The job (see the module docstring for the params)."""
-    bootstrap = params.get("bootstrap")
-    if not bootstrap:
-        raise mb.JobError("fraud_alerts needs --param bootstrap=HOST:PORT")
-    try:
-        cap = int(params.get("max_records_per_batch", "50000"))
-    except ValueError:
-        raise mb.JobError("max_records_per_batch must be an integer") from None
     output = params.get("output", "lake/fraud_alerts")
-    late = ParquetSink(params.get("late_output", f"{output.rstrip('/')}-late"))
-    tx = transactions(bootstrap, params.get("topic", "transactions"), max_records_per_batch=cap)
-    return alerts(tx.on_late(late)).write_to(alert_sinks(params, bootstrap))
+    late = DeltaSink(params.get("late_output", f"{output.rstrip('/')}-late"))
+    rule = alerts(transactions(params).on_late(late),
+                  delay=params.get("delay", DELAY),
+                  allowed_lateness=params.get("allowed_lateness", ALLOWED_LATENESS))
+    return rule.write_to(alert_sinks(params))
+
+
+def _int(params: dict[str, str], name: str, default: int | None = None) -> int:
+    value = params.get(name)
+    if value is None:
+        assert default is not None
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise mb.JobError(f"--param {name} must be an integer, got {value!r}") from None
 
 
 # --------------------------------------------------------------------------- producer
@@ -115,22 +166,40 @@ def build(params: dict[str, str]) -> mb.DataStreamWriter:
 
 def generated_transactions(*, rows: int, seed: int = 0, cards: int = 2_000,
                            late_fraction: float = 0.01, events_per_second: float = 50.0,
+                           late_by: tuple[str, str] = ("1m", "1h"),
                            start: str = START) -> pl.DataFrame:
-    """Deterministic card transactions (``mb.generate``'s rows): ``events_per_second``
-    of event time, up to 5 s of disorder, ``late_fraction`` of them 1 minute to
-    1 hour late."""
+    """Deterministic card transactions (``mb.generate``'s rows) in arrival order:
+    ``events_per_second`` of event time, up to 5 s of disorder, ``late_fraction``
+    of them ``late_by`` late (a phone uploading what it queued)."""
     from microbatch.sources.generator import GeneratorSource
 
     src = GeneratorSource(rows_per_second=events_per_second, total_rows=rows, seed=seed,
-                          cards=cards, late_fraction=late_fraction, late_by=("1m", "1h"),
+                          cards=cards, late_fraction=late_fraction, late_by=late_by,
                           start=start)
     origin = src.initial_offset()["start_ms"]
-    return src.rows(0, rows, origin_ms=origin)
+    return src.rows(0, rows, origin_ms=origin).with_columns(pl.col("amount").cast(MONEY))
+
+
+def write_files(directory: str | os.PathLike[str], data: pl.DataFrame, *, files: int) -> int:
+    """Land ``data`` (in arrival order) as ``files`` Parquet files whose mtimes
+    follow that order, one second apart, as the file source reads them."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    base_ns = 1_767_225_600 * 10**9  # 2026-01-01: deterministic, whatever the wall clock
+    size = -(-data.height // files)
+    for i in range(files):
+        path = out / f"tx-{i:05d}.parquet"
+        tmp = path.with_name(f".{path.name}.tmp")
+        data.slice(i * size, size).write_parquet(tmp)
+        os.utime(tmp, ns=(base_ns + i * 10**9, base_ns + i * 10**9))
+        tmp.rename(path)
+    return files
 
 
 def produce_transactions(bootstrap: str, topic: str = "transactions", *, rows: int = 100_000,
                          partitions: int = 3, seed: int = 0, cards: int = 2_000,
                          late_fraction: float = 0.01, events_per_second: float = 50.0,
+                         late_by: tuple[str, str] = ("1m", "1h"),
                          rate: float | None = None, chunk: int = 50_000,
                          config: dict[str, Any] | None = None) -> int:
     """Write generated transactions as JSON (keyed by card) to ``topic``.
@@ -153,7 +222,7 @@ def produce_transactions(bootstrap: str, topic: str = "transactions", *, rows: i
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
     data = generated_transactions(rows=rows, seed=seed, cards=cards, late_fraction=late_fraction,
-                                  events_per_second=events_per_second)
+                                  events_per_second=events_per_second, late_by=late_by)
     producer = Producer({**base, "linger.ms": 20, "compression.type": "lz4",
                          "enable.idempotence": True})
     errors: list[str] = []
@@ -180,20 +249,32 @@ def produce_transactions(bootstrap: str, topic: str = "transactions", *, rows: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python jobs/fraud_alerts.py produce --bootstrap HOST:PORT [--rows N] ...``."""
-    parser = argparse.ArgumentParser(description="write generated card transactions to Kafka")
+    """``python jobs/fraud_alerts.py produce --bootstrap HOST:PORT [--rows N] ...`` writes
+    generated transactions to Kafka; ``files --dir DIR [--rows N] [--files K]`` lands
+    them as Parquet files (the lakehouse log) for ``--param input=DIR``."""
+    parser = argparse.ArgumentParser(description="generated card transactions, for the job")
     sub = parser.add_subparsers(dest="command", required=True)
-    produce = sub.add_parser("produce")
+    produce = sub.add_parser("produce", help="to a Kafka topic")
     produce.add_argument("--bootstrap", required=True)
     produce.add_argument("--topic", default="transactions")
-    produce.add_argument("--rows", type=int, default=100_000)
     produce.add_argument("--partitions", type=int, default=3)
-    produce.add_argument("--seed", type=int, default=0)
-    produce.add_argument("--late-fraction", type=float, default=0.01)
     produce.add_argument("--rate", type=float, default=None,
                          help="rows per second of wall time (default: as fast as possible)")
+    files = sub.add_parser("files", help="as Parquet files in a directory")
+    files.add_argument("--dir", required=True)
+    files.add_argument("--files", type=int, default=20)
+    for command in (produce, files):
+        command.add_argument("--rows", type=int, default=100_000)
+        command.add_argument("--seed", type=int, default=0)
+        command.add_argument("--late-fraction", type=float, default=0.01)
     args = parser.parse_args(argv)
     t0 = time.monotonic()
+    if args.command == "files":
+        data = generated_transactions(rows=args.rows, seed=args.seed,
+                                      late_fraction=args.late_fraction, late_by=("1m", "2h"))
+        write_files(args.dir, data, files=args.files)
+        print(f"wrote {args.rows} transactions in {args.files} files to {args.dir}")
+        return 0
     n = produce_transactions(args.bootstrap, args.topic, rows=args.rows,
                              partitions=args.partitions, seed=args.seed,
                              late_fraction=args.late_fraction, rate=args.rate)

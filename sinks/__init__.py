@@ -16,7 +16,8 @@ engine, so the sinks can be used and tested on their own.
 - :class:`KafkaSink`: a Kafka topic, one transaction per batch (or dedupe headers).
 - :class:`WebhookSink`: an HTTP POST per row (or JSON array) with an
   ``Idempotency-Key``: at least once per key, one body per key.
-- :class:`FanOutSink`: several sinks, each exactly once per batch id.
+- :class:`FanOutSink`: several sinks, each exactly once per batch id;
+  :class:`Routed` gives one of them a subset of the rows, with its own mode.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from sinks.memory import (
     memory_table,
 )
 from sinks.parquet import ParquetSink, committed_files, read_parquet_output
+from sinks.routed import Routed
 from sinks.webhook import WebhookSink
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "MemorySink",
     "OutputMode",
     "ParquetSink",
+    "Routed",
     "Sink",
     "SinkConfigError",
     "SinkContext",

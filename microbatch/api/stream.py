@@ -865,7 +865,7 @@ class Stream:
         >>> late["ts"].dt.strftime("%H:%M:%S").to_list()
         ['00:00:40']
         >>> late["late_reason"].to_list()
-        ['window ending 1767225660000 closed by watermark 1767225710000']
+        ['window ending 2026-01-01T00:01:00.000Z closed by watermark 2026-01-01T00:01:50.000Z']
 
         The 00:00:40 row came in the second batch, when the watermark in force
         (00:01:50) had already closed its window.

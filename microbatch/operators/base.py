@@ -39,13 +39,19 @@ def split_late_by_time(
         closed = pl.format(
             "{} time {} is at or before watermark {}",
             pl.lit(label),
-            pl.col(TIME),
-            pl.lit(watermark_ms),
+            iso_ms(pl.col(TIME)),
+            iso_ms(pl.lit(watermark_ms)),
         )
     reason = late_reason(f"{label} time {time_column!r} is null", closed)
     marked = rows.with_columns(late_expr.alias("__late"))
     late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
     return marked.filter(~pl.col("__late")).drop("__late"), late
+
+
+def iso_ms(epoch_ms: pl.Expr) -> pl.Expr:
+    """Epoch milliseconds as ISO-8601 UTC text (``2026-01-01T00:01:00.000Z``), for
+    messages people read."""
+    return pl.from_epoch(epoch_ms, time_unit="ms").dt.to_string("%Y-%m-%dT%H:%M:%S%.3fZ")
 
 
 def late_reason(null_reason: str, closed_reason: pl.Expr | None) -> pl.Expr:

@@ -119,6 +119,8 @@ class FireOnce(SingleStoreOperator):
         out = df
         if df.height:
             out, fired_now = self._fire(store, df)
+        elif self.corrections and df.width:  # the same columns in a batch without rows
+            out = df.with_columns(pl.lit(None, pl.Int64).alias(REVISION))
         if ctx.watermark_ms is not None:
             store.pop_expired(ctx.watermark_ms)
         ctx.metrics[self.operator_id] = {**store.metrics, "fired": fired_now}

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.durations import format_duration_ms
 from microbatch.exceptions import PlanError
 from microbatch.frames import collect
 from microbatch.operators.base import (
@@ -39,6 +40,7 @@ from microbatch.operators.base import (
     SingleStoreOperator,
     check_input_types,
     check_signature,
+    iso_ms,
     late_reason,
 )
 from microbatch.plan.aggregates import TIME, AggSpec
@@ -223,10 +225,15 @@ class WindowAggregate(SingleStoreOperator):
         closed = None
         if wm is not None:
             late_expr = late_expr | (oldest_end <= wm)
+            allowance = (
+                f" and {format_duration_ms(spec.allowed_lateness_ms)} of allowed lateness"
+                if spec.allowed_lateness_ms
+                else ""
+            )
             closed = pl.format(
-                "window ending {} closed by watermark {}",
-                oldest_end,
-                pl.lit(wm + spec.allowed_lateness_ms),
+                "window ending {} closed by watermark {}" + allowance,
+                iso_ms(oldest_end),
+                iso_ms(pl.lit(wm + spec.allowed_lateness_ms)),
             )
         reason = late_reason(f"event time {spec.column!r} is null", closed)
         marked = collect(with_t.with_columns(late_expr.alias("__late")))

@@ -174,3 +174,12 @@ def test_fire_once_needs_a_window() -> None:
     with pytest.raises(mb.PlanError, match="needs a tumbling or hopping window"):
         (src.with_watermark("ts", "1s").group_by(mb.session_window("ts", "10s"), "k")
          .agg(pl.len().alias("n")).fire_once(pl.col("n") >= 3))
+
+
+def test_a_batch_without_changes_has_the_same_columns(tmp_path: Path) -> None:
+    test = StreamTest(build(0, True), schema=SCHEMA, checkpoint=tmp_path)
+    fired = test.add(frame([(1, 1_000, 5)] * 3)).process()
+    quiet = test.add(frame([(1, 200_000, 5)])).process()  # a new window, below threshold
+    assert fired.columns == quiet.columns
+    assert "revision" in quiet.columns
+    test.close()
