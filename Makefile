@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers soak clean
+.PHONY: demo test lint bench bench-latency bench-peers soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# The fraud job's detection latency through a real Kafka broker (starts its own).
+bench-latency: $(STAMP)
+	$(BIN)/python -m benchmarks.fraud_latency $(ARGS)
 
 # This engine vs Spark Structured Streaming, Bytewax and Quix Streams on the same data
 # (benchmarks/compare.py). The peers live in their own venv: quixstreams pins an older

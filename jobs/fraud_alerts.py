@@ -119,24 +119,27 @@ def alerts(tx: mb.Stream, *, delay: str = DELAY, allowed_lateness: str = ALLOWED
 
 
 def alert_sinks(params: dict[str, str]) -> Sink:
-    """The alert table (every revision, MERGEd by alert id), and the pages: the
-    webhook and the alerts topic (revision 0 only)."""
+    """The pages first (the webhook, then the alerts topic: revision 0 only), then
+    the alert table (every revision, MERGEd by alert id).
+
+    NOTE: pages go first because a page's latency is the product: it does not wait
+    for the table's commit. A failure after a page fails the batch, and its re-run
+    sends the same pages again (same keys, same bodies)."""
     output = params.get("output", "lake/fraud_alerts")
-    routes: list[Sink] = [
-        Routed(DeltaSink(output, merge_keys="alert_id"), output_mode="update",
-               key_columns=("alert_id",)),
-    ]
-    if params.get("bootstrap"):
-        topic = KafkaSink(params.get("alerts_topic", "fraud-alerts"),
-                          bootstrap=params["bootstrap"], key="card_id",
-                          delivery_guarantee="exactly_once")
-        routes.append(Routed(topic, where=PAGE))
+    routes: list[Sink] = []
     if params.get("webhook"):
         from sinks.webhook import WebhookSink
 
         hook = WebhookSink(params["webhook"], key="alert_id",
                            token_env=params.get("webhook_token_env"))
         routes.append(Routed(hook, where=PAGE))
+    if params.get("bootstrap"):
+        topic = KafkaSink(params.get("alerts_topic", "fraud-alerts"),
+                          bootstrap=params["bootstrap"], key="card_id",
+                          delivery_guarantee="exactly_once")
+        routes.append(Routed(topic, where=PAGE))
+    routes.append(Routed(DeltaSink(output, merge_keys="alert_id"), output_mode="update",
+                         key_columns=("alert_id",)))
     return FanOutSink(routes)
 
 

@@ -452,14 +452,22 @@ def demo(
     = 30,
     trigger: Annotated[str, typer.Option(metavar="TRIGGER", help="Batch interval.")] = "1s",
 ) -> None:
-    """Run the built-in demo: fraud alerts over generated card payments, no services needed."""
-    from microbatch import demo as demo_job
+    """Run the built-in demo: fraud alerts over generated card payments, no services needed.
 
+    It starts a local webhook receiver (the alerts' pages, one per alert id), writes
+    the alerts to a Delta table and shows live progress.
+    """
+    from microbatch import demo as demo_job
+    from microbatch.tools.receiver import Receiver, running
+
+    output.expanduser().parent.mkdir(parents=True, exist_ok=True)
+    receiver = Receiver(log=output.expanduser().parent / "webhook.jsonl")
     try:
-        with StopOnSignal() as stopper:
+        with StopOnSignal() as stopper, running(receiver) as base_url:
             spec = parse_trigger(trigger)
             writer = demo_job.build(
-                {"output": str(output), "rows_per_second": f"{rows_per_second:g}"}
+                {"output": str(output), "rows_per_second": f"{rows_per_second:g}",
+                 "webhook": f"{base_url}/alerts"}
             )
             display = DemoTable(seconds) if out.is_terminal else BatchLines()
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
@@ -472,13 +480,17 @@ def demo(
     if error is not None:
         raise _query_failed(query, error, Path(demo_job.__file__))
     out_dir, chk_dir = output.expanduser().resolve(), Path(query.checkpoint)
+    pages = receiver.stats()
     out.print(
-        f"\n[bold green]demo finished[/]: {stats.batches} batches, {stats.input_rows:,} rows "
-        f"generated, {stats.output_rows:,} alerts written in this run.\n"
-        f"  output:     {escape(str(out_dir))}\n"
+        f"\n[bold green]demo finished[/]: {stats.batches} batches, {stats.input_rows:,} "
+        f"payments generated, {stats.output_rows:,} alert rows written in this run; the "
+        f"webhook received {pages['accepted']:,} alerts ({pages['duplicates']:,} "
+        f"redeliveries, {pages['conflicts']} with a changed body).\n"
+        f"  alerts:     {escape(str(out_dir))}  (Delta, one row per alert_id)\n"
+        f"  late:       {escape(str(out_dir))}-late  (payments more than an hour late)\n"
         f"  checkpoint: {escape(str(chk_dir))}  (run the demo again to continue from it; "
         f"`microbatch status {escape(str(chk_dir))}` shows its batches)\n"
-        "read the output with:\n"
+        "read the alerts with:\n"
         f"  [cyan]import polars as pl; df = pl.read_delta({str(out_dir)!r})[/]",
         soft_wrap=True,
     )
