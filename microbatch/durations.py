@@ -15,11 +15,11 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
 def parse_duration_ms(value: Duration, *, what: str = "duration", signed: bool = False) -> int:
     """Return ``value`` in whole milliseconds: the one duration parser.
 
-    Accepts ``timedelta``, a number of seconds, or a string of one or more
-    ``<number><unit>`` parts with units ``ms``, ``s``, ``m``, ``h``, ``d``
-    (``"1m30s"``). With ``signed`` a leading ``-``/``+`` and negative numbers
-    are allowed (interval-join bounds: ``"-10m"``). Raises
-    :class:`DurationError` naming ``what`` otherwise.
+    Accepts ``timedelta``, a number of seconds (also as a string: ``"0"``,
+    ``"2.5"``), or a string of one or more ``<number><unit>`` parts with units
+    ``ms``, ``s``, ``m``, ``h``, ``d`` (``"1m30s"``). With ``signed`` a leading
+    ``-``/``+`` and negative numbers are allowed (interval-join bounds:
+    ``"-10m"``). Raises :class:`DurationError` naming ``what`` otherwise.
     """
     if isinstance(value, timedelta):
         ms = int(value.total_seconds() * 1000)
@@ -33,6 +33,10 @@ def parse_duration_ms(value: Duration, *, what: str = "duration", signed: bool =
             raise DurationError(f"{what}: must not be negative, got {value!r}")
         return int(value * 1000)
     text = str(value).strip().lower().replace(" ", "")
+    try:  # a bare number is seconds, as a number argument is
+        return parse_duration_ms(float(text), what=what, signed=signed)
+    except ValueError:
+        pass
     sign = 1
     if signed and text[:1] in ("-", "+"):
         sign, text = (-1 if text[0] == "-" else 1), text[1:]

@@ -1,0 +1,109 @@
+"""What the commands share: the Typer app and its global options, the user-error
+type and how it is printed (one red paragraph, exit code 2), ``--param`` parsing."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from microbatch.cli.display import (
+    err,
+    out,
+)
+from microbatch.exceptions import MicrobatchError
+
+app = typer.Typer(
+    name="microbatch",
+    help="Micro-batch stream processing on Arrow and Polars.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed as one paragraph, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(message: str, code: int) -> typer.Exit:
+    err.print(f"[bold red]error:[/] [red]{escape(message)}[/]", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    from sinks.exceptions import SinkError
+
+    return (MicrobatchError, SinkError, CliError)
+
+
+# ------------------------------------------------------------------ globals
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from microbatch import __version__
+
+        out.print(f"microbatch {__version__}")
+        raise typer.Exit(0)
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+    if verbose == 0:
+        # The query thread logs a failure with its traceback; the CLI reports
+        # the failure itself in one paragraph, and shows the traceback with -v.
+        logging.getLogger("microbatch.api.query").setLevel(logging.CRITICAL)
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True,
+                     help="Print the version and exit."),
+    ] = False,
+    verbose: Annotated[
+        int,
+        typer.Option("--verbose", "-v", count=True,
+                     help="More logging: -v info, -vv debug (and tracebacks of failed queries)."),
+    ] = 0,
+) -> None:
+    """Micro-batch stream processing on Arrow and Polars."""
+    _setup_logging(verbose)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def parse_params(items: list[str]) -> dict[str, str]:
+    """``["k=v", ...]`` as a dict; a later value for the same key wins."""
+    params: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(
+                f"--param {item!r} is not of the form KEY=VALUE (e.g. --param output=out/dir)"
+            )
+        params[key.strip()] = value
+    return params
+
+
+
+
+__all__ = ["CliError", "app", "fail", "parse_params", "user_errors"]

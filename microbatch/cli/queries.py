@@ -1,0 +1,334 @@
+"""The commands that run a query: ``run``, ``demo`` and ``backfill``, with the
+signal handling (a first SIGINT/SIGTERM finishes the batch in flight) and the
+live display they share."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from microbatch.api.query import StreamingQuery
+from microbatch.api.writer import DataStreamWriter
+from microbatch.cli.common import fail, parse_params, user_errors
+from microbatch.cli.display import (
+    BatchLines,
+    DemoTable,
+    LiveLine,
+    RunStats,
+    err,
+    out,
+)
+from microbatch.exceptions import QueryTerminatedError
+from microbatch.plan.triggers import Trigger, parse_trigger
+
+POLL_S = 0.2
+"""How often the CLI looks at the query's progress while it runs."""
+
+
+
+
+
+def _latest_progress_id(checkpoint: Path) -> int:
+    """The highest batch id with a progress record on disk, or -1."""
+    try:
+        names = os.listdir(checkpoint / "progress")
+    except OSError:
+        return -1
+    return max((int(n) for n in names if n.isdigit()), default=-1)
+
+
+class StopOnSignal:
+    """First SIGINT/SIGTERM: graceful stop; second: ``os._exit(130)`` at once.
+
+    The handler only sets flags and calls ``request_stop`` (which just sets
+    events), so it is safe whatever the main thread is doing.
+    """
+
+    def __init__(self) -> None:
+        self.query: StreamingQuery | None = None
+        self.reason: str | None = None
+        """Why a stop was requested (``"SIGTERM"``, ``"20s elapsed"``), or ``None``."""
+        self.announced = False
+        self._signals = 0
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignal:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def attach(self, query: StreamingQuery) -> None:
+        """Follow ``query``; stop it at once if a signal came while it was starting."""
+        self.query = query
+        if self.reason is not None:
+            query.request_stop()
+
+    def request(self, reason: str) -> None:
+        """Ask for a graceful stop for ``reason`` (e.g. the demo's time is up)."""
+        if self.reason is None:
+            self.reason = reason
+            if self.query is not None:
+                self.query.request_stop()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            if out.is_terminal:
+                os.write(1, b"\x1b[?25h")  # the live display hid the cursor
+            os.write(2, b"\nsecond signal: exiting now; the batch in flight will be "
+                        b"recovered on the next start\n")
+            os._exit(130)
+        self.reason = signal.Signals(signum).name
+        if self.query is not None:
+            self.query.request_stop()
+
+
+# ------------------------------------------------------------------ running
+
+
+def _run_query(
+    writer: DataStreamWriter,
+    *,
+    checkpoint: Path,
+    trigger: Trigger,
+    name: str | None,
+    stopper: StopOnSignal,
+    display: BatchLines | LiveLine,
+    seconds: float = 0,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+) -> tuple[StreamingQuery, RunStats, QueryTerminatedError | None]:
+    """Start ``writer`` and follow it until it ends.
+
+    Raises what ``start`` raises (a locked, corrupt or unwritable checkpoint,
+    a source or sink that cannot open, a metrics port in use); returns the
+    error of a query that failed while running instead of raising it, with
+    the query and its totals.
+    """
+    baseline = _latest_progress_id(checkpoint)
+    query = writer.start(checkpoint, trigger, name=name, metrics_port=metrics_port,
+                         metrics_host=metrics_host)
+    stopper.attach(query)
+    if query.metrics_url:
+        display.note(f"serving Prometheus metrics on {query.metrics_url}")
+    stats = RunStats()
+    seen = baseline
+    error: QueryTerminatedError | None = None
+    with display:
+        while True:
+            try:
+                done = query.await_termination(timeout=POLL_S)
+            except QueryTerminatedError as exc:
+                error, done = exc, True
+            for record in query.recent_progress:
+                if record["batch_id"] > seen:
+                    seen = record["batch_id"]
+                    stats.add(record)
+                    display.batch(record, stats)
+            if seconds > 0 and time.monotonic() - stats.started >= seconds:
+                stopper.request(f"{seconds:g}s elapsed")
+            if stopper.reason is not None and not stopper.announced:
+                stopper.announced = True
+                display.note(
+                    f"{stopper.reason}: finishing the batch in flight, then stopping "
+                    "(a second SIGINT/SIGTERM exits at once)"
+                )
+            display.refresh(stats, query)
+            if done:
+                break
+    return query, stats, error
+
+
+def _query_failed(query: StreamingQuery, exc: QueryTerminatedError, job: Path) -> typer.Exit:
+    """Exit 1 with the cause of a query that failed while running a batch."""
+    from microbatch.cli.jobfile import job_line
+
+    cause = exc.__cause__ or exc
+    message = (
+        f"query {query.id} failed in batch {query.status['next_batch_id']}: "
+        f"{type(cause).__name__}{job_line(cause, job.resolve())}: {cause}. The batch was not "
+        "committed; the next start on this checkpoint runs it again."
+    )
+    if logging.getLogger("microbatch.api.query").getEffectiveLevel() > logging.ERROR:
+        message += " Run with --verbose for the traceback."
+    return fail(message, 1)
+
+
+def _finish(query: StreamingQuery, stats: RunStats, stopper: StopOnSignal) -> None:
+    why = f" ({stopper.reason})" if stopper.reason else ""
+    committed = query.status["next_batch_id"] - 1
+    err.print(
+        f"query {query.id} stopped{why}: {stats.batches} batches, "
+        f"{stats.input_rows:,} rows in, {stats.output_rows:,} rows out in this run; "
+        f"last committed batch: {committed if committed >= 0 else 'none'}.",
+        soft_wrap=True,
+    )
+
+
+def run(
+    job: Annotated[Path, typer.Argument(help="The job file: a .py defining build(params).",
+                                        metavar="JOB.py", show_default=False)],
+    *,
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help=(
+        "Checkpoint directory: makes the query restartable exactly where it stopped."),
+        metavar="DIR", show_default=False)],
+    trigger: Annotated[str, typer.Option(metavar="TRIGGER", help=(
+        "'10s'/'1m' (interval), 'once' or 'available-now'; 0s: batches back to back."
+    ))] = "0s",
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", "-p", metavar="KEY=VALUE",
+        help="A parameter passed to build(params); repeatable.")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME",
+                                                help="A name for the query (logs, progress).")]
+    = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        min=0, max=65535, metavar="PORT",
+        help="Serve Prometheus metrics on http://HOST:PORT/metrics while running "
+             "(0: any free port).")] = None,
+    metrics_host: Annotated[str, typer.Option(
+        metavar="HOST", help="Address the metrics are served on (0.0.0.0: every "
+                             "interface).")] = "127.0.0.1",
+) -> None:
+    """Run a job file until its trigger ends or SIGINT/SIGTERM stops it."""
+    from microbatch.cli.jobfile import build_writer
+
+    try:
+        with StopOnSignal() as stopper:
+            params = parse_params(param or [])
+            spec = parse_trigger(trigger)
+            writer = build_writer(job, params)
+            display = LiveLine("microbatch") if out.is_terminal else BatchLines()
+            query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
+                                             name=name, stopper=stopper, display=display,
+                                             metrics_port=metrics_port,
+                                             metrics_host=metrics_host)
+    except user_errors() as exc:
+        raise fail(str(exc), getattr(exc, "code", 2)) from None
+    except OSError as exc:
+        raise fail(f"cannot start the query: {exc}", 2) from None
+    if error is not None:
+        raise _query_failed(query, error, job)
+    _finish(query, stats, stopper)
+
+
+
+
+# ------------------------------------------------------------------ demo
+
+
+def demo(
+    checkpoint: Annotated[
+        Path, typer.Option(metavar="DIR", help="Checkpoint directory.")
+    ] = Path("demo-output/checkpoint"),
+    output: Annotated[
+        Path, typer.Option(metavar="DIR", help="The Delta table the alerts go to.")
+    ] = Path("demo-output/alerts"),
+    rows_per_second: Annotated[float, typer.Option(min=1, metavar="N",
+                                                  help="Generated rows per second.")]
+    = 5_000,
+    seconds: Annotated[float, typer.Option(min=0, metavar="N",
+                                           help="Stop after N seconds; 0: on Ctrl-C.")]
+    = 30,
+    trigger: Annotated[str, typer.Option(metavar="TRIGGER", help="Batch interval.")] = "1s",
+) -> None:
+    """Run the built-in demo: fraud alerts over generated card payments, no services needed.
+
+    It starts a local webhook receiver (the alerts' pages, one per alert id), writes
+    the alerts to a Delta table and shows live progress.
+    """
+    from microbatch import demo as demo_job
+    from microbatch.tools.receiver import Receiver, running
+
+    output.expanduser().parent.mkdir(parents=True, exist_ok=True)
+    receiver = Receiver(log=output.expanduser().parent / "webhook.jsonl")
+    try:
+        with StopOnSignal() as stopper, running(receiver) as base_url:
+            spec = parse_trigger(trigger)
+            writer = demo_job.build(
+                {"output": str(output), "rows_per_second": f"{rows_per_second:g}",
+                 "webhook": f"{base_url}/alerts"}
+            )
+            display = DemoTable(seconds) if out.is_terminal else BatchLines()
+            query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
+                                             name="demo", stopper=stopper, display=display,
+                                             seconds=seconds)
+    except user_errors() as exc:
+        raise fail(str(exc), getattr(exc, "code", 2)) from None
+    except OSError as exc:
+        raise fail(f"cannot start the demo: {exc}", 2) from None
+    if error is not None:
+        raise _query_failed(query, error, Path(demo_job.__file__))
+    out_dir, chk_dir = output.expanduser().resolve(), Path(query.checkpoint)
+    pages = receiver.stats()
+    out.print(
+        f"\n[bold green]demo finished[/]: {stats.batches} batches, {stats.input_rows:,} "
+        f"payments generated, {stats.output_rows:,} alert rows written in this run; the "
+        f"webhook received {pages['accepted']:,} alerts ({pages['duplicates']:,} "
+        f"redeliveries, {pages['conflicts']} with a changed body).\n"
+        f"  alerts:     {escape(str(out_dir))}  (Delta, one row per alert_id)\n"
+        f"  late:       {escape(str(out_dir))}-late  (payments more than an hour late)\n"
+        f"  checkpoint: {escape(str(chk_dir))}  (run the demo again to continue from it; "
+        f"`microbatch status {escape(str(chk_dir))}` shows its batches)\n"
+        "read the alerts with:\n"
+        f"  [cyan]import polars as pl; df = pl.read_delta({str(out_dir)!r})[/]",
+        soft_wrap=True,
+    )
+
+
+# ------------------------------------------------------------------ backfill
+
+
+def backfill(
+    job: Annotated[Path, typer.Argument(help="The job file: a .py defining build(params).",
+                                        metavar="JOB.py", show_default=False)],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help=(
+        "Checkpoint directory of the replay: a new one replays the sources from their "
+        "start; an existing one resumes an interrupted backfill."),
+        metavar="DIR", show_default=False)],
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", "-p", metavar="KEY=VALUE",
+        help="A parameter passed to build(params); repeatable.")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME",
+                                                help="A name for the query (logs, progress).")]
+    = None,
+) -> None:
+    """Replay a job over its sources' history (available-now), with progress.
+
+    Runs JOB.py exactly as `run --trigger available-now` does: every batch up to
+    what the sources hold now, the final no-data batch, then exit. For Delta
+    sources the backlog is known from the table's log: a terminal shows a
+    progress bar (rows, versions and files done of total, rate, ETA); other
+    outputs get one plain line per batch.
+    """
+    from microbatch.cli.backfill import BackfillBar, BackfillLines, BackfillTracker
+    from microbatch.cli.jobfile import build_writer
+
+    try:
+        with StopOnSignal() as stopper:
+            params = parse_params(param or [])
+            spec = parse_trigger("available-now")
+            writer = build_writer(job, params)
+            tracker = BackfillTracker(writer, checkpoint)
+            display = BackfillBar(tracker) if out.is_terminal else BackfillLines(tracker)
+            query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
+                                             name=name or "backfill", stopper=stopper,
+                                             display=display)
+    except user_errors() as exc:
+        raise fail(str(exc), getattr(exc, "code", 2)) from None
+    except OSError as exc:
+        raise fail(f"cannot start the backfill: {exc}", 2) from None
+    if error is not None:
+        raise _query_failed(query, error, job)
+    _finish(query, stats, stopper)
