@@ -372,6 +372,36 @@ class DeltaSink(Sink):
             commit_properties=props,
         )
 
+    def replace_where(self, df: pl.DataFrame, predicate: str) -> int:
+        """Replace exactly the rows of the table matching ``predicate`` (a Delta SQL
+        predicate, e.g. ``"day = '2026-01-03'"``) with ``df``, in one commit (Delta's
+        replaceWhere); rows not matching it are not touched. Every row of ``df``
+        must match ``predicate`` (Delta refuses the commit otherwise). Returns the
+        new table version. Not part of a stream: a restatement of output rows."""
+        from deltalake import CommitProperties, write_deltalake
+
+        table = self._load()
+        if table is None:
+            raise SinkError(f"cannot restate rows of {self.uri}: there is no Delta table there")
+        data = self._align(table, delta_frame(df, batch_id=-1, uri=self.uri), batch_id=-1)
+        try:
+            write_deltalake(
+                table,
+                _arrow(data),
+                mode="overwrite",
+                predicate=predicate,
+                commit_properties=CommitProperties(
+                    custom_metadata={"microbatch.restate": predicate}
+                ),
+            )
+        except Exception as exc:
+            raise SinkError(
+                f"cannot replace the rows where {predicate} in Delta table {self.uri}: "
+                f"{_short(exc)}. Nothing was committed."
+            ) from exc
+        table.update_incremental()
+        return int(table.version())
+
     def _maybe_optimize(self, batch_id: int) -> None:
         """Step 7: compaction; a failure is logged, never fails the committed batch."""
         every = self.optimize_every

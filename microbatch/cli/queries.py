@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from microbatch.api.query import StreamingQuery
 from microbatch.api.writer import DataStreamWriter
-from microbatch.cli.common import fail, parse_params, user_errors
+from microbatch.cli.common import CliError, fail, parse_params, user_errors
 from microbatch.cli.display import (
     BatchLines,
     DemoTable,
@@ -303,6 +303,12 @@ def backfill(
     name: Annotated[str | None, typer.Option(metavar="NAME",
                                                 help="A name for the query (logs, progress).")]
     = None,
+    replace_where: Annotated[str | None, typer.Option(
+        "--replace-where", metavar="PREDICATE", help=(
+            "Restate: recompute the job's output from its sources on a new checkpoint "
+            "and replace, in one Delta commit, exactly the rows of its output table "
+            "matching PREDICATE (SQL over the output's columns, e.g. \"day = "
+            "'2026-01-03'\"); the other rows are not touched."))] = None,
 ) -> None:
     """Replay a job over its sources' history (available-now), with progress.
 
@@ -310,21 +316,39 @@ def backfill(
     what the sources hold now, the final no-data batch, then exit. For Delta
     sources the backlog is known from the table's log: a terminal shows a
     progress bar (rows, versions and files done of total, rate, ETA); other
-    outputs get one plain line per batch.
+    outputs get one plain line per batch. With --replace-where it restates
+    rows of the job's Delta output instead of writing every batch to it.
     """
+    from microbatch.checkpoint import Checkpoint
     from microbatch.cli.backfill import BackfillBar, BackfillLines, BackfillTracker
     from microbatch.cli.jobfile import build_writer
+    from microbatch.tools.restate import Restatement
 
+    restate = None
     try:
         with StopOnSignal() as stopper:
             params = parse_params(param or [])
             spec = parse_trigger("available-now")
             writer = build_writer(job, params)
+            if replace_where is not None:
+                if Checkpoint(checkpoint).exists():
+                    raise CliError(
+                        f"--replace-where recomputes from the sources' start: use a new "
+                        f"--checkpoint directory, not {checkpoint} (it holds a checkpoint)"
+                    )
+                restate = Restatement.of(writer, replace_where)
+                writer = restate.staged
             tracker = BackfillTracker(writer, checkpoint)
             display = BackfillBar(tracker) if out.is_terminal else BackfillLines(tracker)
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name=name or "backfill", stopper=stopper,
                                              display=display)
+            if restate is not None and error is None and stopper.reason is None:
+                rows = restate.rows()
+                version = restate.commit(rows)
+                out.print(f"restated {rows.height:,} rows where {escape(restate.predicate)} in "
+                          f"{escape(restate.table.uri)} (version {version}); the other "
+                          "rows are unchanged", soft_wrap=True)
     except user_errors() as exc:
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:

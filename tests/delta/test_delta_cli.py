@@ -6,12 +6,11 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
 import pytest
-from delta_helpers import append_versions, transactions
+from delta_helpers import append_versions, operations, transactions
 from deltalake import write_deltalake
 from polars.testing import assert_frame_equal
 
@@ -20,7 +19,7 @@ pytestmark = pytest.mark.delta
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "jobs" / "daily_totals.py"
 CLI = [sys.executable, "-m", "microbatch.cli"]
-KEY = "window_start,card_id"
+KEY = "day,card_id"
 
 
 def cli(*args: str | Path, env: dict[str, str] | None = None,
@@ -30,20 +29,23 @@ def cli(*args: str | Path, env: dict[str, str] | None = None,
                           timeout=timeout, env={**base, **(env or {})}, check=False)
 
 
-def one_shot_daily_totals(table: Path, delay: timedelta = timedelta(hours=1)) -> pl.DataFrame:
-    """What the job must write, computed in one Polars query over the whole table."""
+def one_shot_daily_totals(table: Path, late: pl.DataFrame | None = None) -> pl.DataFrame:
+    """What the job's table must hold, computed in one Polars query over the whole
+    input table: every day's totals (the job MERGEs each day as it changes), without
+    the rows the job sent to the late output."""
     rows = pl.read_delta(str(table)).with_columns(pl.col("amount").cast(pl.Decimal(18, 2)))
-    watermark = rows["event_time"].max() - delay  # type: ignore[operator]
+    if late is not None and late.height:
+        rows = rows.join(late.select("event_id"), on="event_id", how="anti")
     return (
         rows.group_by(pl.col("event_time").dt.truncate("1d").alias("window_start"), "card_id")
         .agg(pl.len().cast(pl.Int64).alias("transactions"),
              pl.col("amount").sum().alias("total_amount"),
              pl.col("amount").max().alias("max_amount"))
-        .with_columns((pl.col("window_start") + pl.duration(days=1)).alias("window_end"))
-        .filter(pl.col("window_end") <= watermark)
-        .select("window_start", "window_end", "card_id", "transactions", "total_amount",
+        .with_columns((pl.col("window_start") + pl.duration(days=1)).alias("window_end"),
+                      pl.col("window_start").dt.date().alias("day"))
+        .select("day", "window_start", "window_end", "card_id", "transactions", "total_amount",
                 "max_amount")
-        .sort("window_start", "card_id")
+        .sort("day", "card_id")
     )
 
 
@@ -69,7 +71,7 @@ def test_backfill_equals_the_one_shot_computation(lake: Path, tmp_path: Path) ->
     assert lines[0].startswith("backfill batch 0: versions 2/12 │ files 2/12 │ rows 700/4,200")
     assert "rows 4,200/4,200 (100.0%)" in lines[-1]
     assert "ETA" in lines[-1]
-    got = pl.read_delta(str(out)).sort("window_start", "card_id")
+    got = pl.read_delta(str(out)).sort("day", "card_id")
     assert_frame_equal(got, one_shot_daily_totals(lake))  # decimal money: exact
 
 
@@ -81,8 +83,75 @@ def test_backfill_killed_midway_resumes_exactly(lake: Path, tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     first = next(ln for ln in done.stderr.splitlines() if ln.startswith("backfill batch"))
     assert first.startswith("backfill batch 3: versions 2/6 │")  # resumed at batch 3's range
-    got = pl.read_delta(str(out)).sort("window_start", "card_id")
+    got = pl.read_delta(str(out)).sort("day", "card_id")
     assert_frame_equal(got, one_shot_daily_totals(lake))  # decimal money: exact
+
+
+def corrections(day: int, ids: range) -> pl.DataFrame:
+    """Ledger corrections booked later: refunds of -1.00 on ``day`` of January 2026."""
+    base = transactions(ids.start, len(ids))
+    return base.with_columns(
+        pl.lit(-1.0).alias("amount"),
+        (pl.datetime(2026, 1, day, 12, time_zone="UTC")
+         + pl.duration(seconds=pl.col("event_id") % 1000))
+        .dt.cast_time_unit("us").alias("event_time"),
+    )
+
+
+def test_late_corrections_update_their_day_and_older_ones_go_late(
+    lake: Path, tmp_path: Path
+) -> None:
+    out, chk = tmp_path / "daily", tmp_path / "chk"
+    run = ["run", JOB, "--checkpoint", chk, "--trigger", "available-now", "--param",
+           f"input={lake}", "--param", f"output={out}", "--param", "allowed_lateness=5d"]
+    assert cli(*run).returncode == 0
+    before = pl.read_delta(str(out))
+    # the input ends on Jan 20: day 17 is within 5 days of the watermark, day 3 is not
+    append_versions(str(lake), [corrections(17, range(90_000, 90_020)),
+                                corrections(3, range(91_000, 91_010))])
+    done = cli(*run)
+    assert done.returncode == 0, done.stderr
+    late = pl.read_delta(f"{out}-late")
+    assert sorted(late["event_id"].to_list()) == list(range(91_000, 91_010))
+    assert late["late_reason"].str.contains("of allowed lateness").all()
+    got = pl.read_delta(str(out)).sort("day", "card_id")
+    assert_frame_equal(got, one_shot_daily_totals(lake, late))  # day 17 corrected in place
+    day17 = pl.col("day") == pl.date(2026, 1, 17)
+    assert (got.filter(day17)["total_amount"].sum()
+            == before.filter(day17)["total_amount"].sum() - 20)
+    assert got.height == before.height  # MERGEd: one row per day and card, still
+
+
+def test_restating_one_day_replaces_its_rows_and_touches_no_other(
+    lake: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "daily"
+    assert backfill(lake, tmp_path / "chk", out).returncode == 0
+    # the table goes wrong: day 3 by a bug, day 4 by a hand edit finance wants to keep
+    rows = pl.read_delta(str(out))
+    damaged = rows.with_columns(
+        pl.when(pl.col("day") == pl.date(2026, 1, 3)).then(pl.lit(0)).otherwise("transactions")
+        .alias("transactions"),
+        pl.when(pl.col("day") == pl.date(2026, 1, 4)).then(pl.col("max_amount") + 1)
+        .otherwise("max_amount").cast(rows.schema["max_amount"]).alias("max_amount"),
+    )
+    write_deltalake(str(out), damaged.to_arrow(), mode="overwrite")
+    version = len(operations(str(out)))
+    done = backfill(lake, tmp_path / "chk-restate", out, "--replace-where", "day = '2026-01-03'")
+    assert done.returncode == 0, done.stderr
+    assert "restated" in done.stdout
+    assert "the other rows are unchanged" in done.stdout
+    got = pl.read_delta(str(out)).sort("day", "card_id")
+    want = one_shot_daily_totals(lake)
+    day3, day4 = pl.col("day") == pl.date(2026, 1, 3), pl.col("day") == pl.date(2026, 1, 4)
+    assert_frame_equal(got.filter(day3), want.filter(day3))
+    assert_frame_equal(got.filter(~day3).sort("day", "card_id"),
+                       damaged.filter(~day3).sort("day", "card_id"))  # untouched
+    assert got.filter(day4)["max_amount"].to_list() != want.filter(day4)["max_amount"].to_list()
+    assert len(operations(str(out))) == version + 1  # one commit
+    again = backfill(lake, tmp_path / "chk-restate", out, "--replace-where", "day = '2026-01-03'")
+    assert again.returncode == 2
+    assert "use a new --checkpoint" in again.stderr
 
 
 def test_diff_exit_codes_and_report(lake: Path, tmp_path: Path) -> None:
