@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -85,13 +86,20 @@ def write_arrow(
 
 
 def read_arrow(
-    path: Path, *, kind: Kind, version: int, schema: dict[str, pl.DataType]
+    path: Path,
+    *,
+    kind: Kind,
+    version: int,
+    schema: dict[str, pl.DataType],
+    added: Collection[str] = (),
 ) -> pl.DataFrame:
     """Read and verify a file written by :func:`write_arrow`.
 
     Raises StateCorruptError naming ``path`` when it is missing, truncated, fails
     its checksum or is not this kind/version of state file, and StateStoreError
     when it holds other columns than ``schema`` (the store's schema changed).
+    Columns named in ``added`` (value columns added to the schema since the file
+    was written) may be absent: they read as nulls.
     """
     advice = (
         "Restore the file from a backup, or load an older version / start the "
@@ -143,6 +151,11 @@ def read_arrow(
     expected = dict(schema)
     if kind == "changelog":
         expected["__op"] = pl.Int8()
+    absent = [c for c in added if c in expected and c not in frame.columns]
+    if absent:
+        frame = frame.with_columns(
+            [pl.lit(None, expected[c]).alias(c) for c in absent]
+        ).select(list(expected))
     if dict(frame.schema) != expected:
         raise StateStoreError(
             f"state file {path} has columns {dict(frame.schema)}, but the store's schema is "

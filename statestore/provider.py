@@ -21,7 +21,7 @@ commit is O(state) on average, and a rebuild reads at most ~2x the state.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -59,6 +59,9 @@ class StateStoreProvider:
         batch's path, and lz4 writes about a third faster than zstd).
     max_changelog_chain, min_snapshot_bytes
         Snapshot policy (see the module docstring).
+    added_values
+        Value columns added to the schema after some versions were written: they
+        read as nulls from older files (schema evolution by added nullable columns).
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class StateStoreProvider:
         compression: Compression = "lz4",
         max_changelog_chain: int = 100,
         min_snapshot_bytes: int = 1 << 20,
+        added_values: Sequence[str] = (),
         _hash_bits: int = 64,
     ) -> None:
         if retention_versions < 1:
@@ -89,6 +93,10 @@ class StateStoreProvider:
         self._max_chain = max_changelog_chain
         self._min_snapshot_bytes = min_snapshot_bytes
         self._hash_bits = _hash_bits
+        unknown = [c for c in added_values if c not in value_schema]
+        if unknown:
+            raise StateStoreError(f"added_values {unknown} are not value columns")
+        self._added = tuple(added_values)
         self._files = VersionFiles(self.directory)
         self._store: StateStore | None = None
         # Snapshot policy, restored from the chain on every rebuild.
@@ -130,6 +138,7 @@ class StateStoreProvider:
                 kind="snapshot",
                 version=chain.snapshot,
                 schema=schema,
+                added=self._added,
             )
         else:
             frame = pl.DataFrame(schema=schema)
@@ -140,7 +149,9 @@ class StateStoreProvider:
         del frame
         for v in chain.changelogs:
             path = files.path("changelog", v)
-            store.apply_changelog(read_arrow(path, kind="changelog", version=v, schema=schema))
+            store.apply_changelog(
+                read_arrow(path, kind="changelog", version=v, schema=schema, added=self._added)
+            )
         if files.latest() > version:
             files.discard_after(version)
         self._snapshot_bytes = files.size("snapshot", chain.snapshot) if chain.snapshot else 0

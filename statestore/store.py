@@ -170,6 +170,13 @@ class StateStore:
         out = self._remove_rows(candidates)
         return out.sort([name, *self._sort_keys()])
 
+    def next_time(self) -> int | None:
+        """A lower bound of the earliest time-column value of the rows (physical
+        units), or ``None`` when nothing can expire: ``pop_expired(t)`` with a
+        smaller ``t`` returns nothing. O(time-index runs)."""
+        self._check_open()
+        return self._time.earliest() if self._time is not None else None
+
     def evict(self, predicate: pl.Expr) -> pl.DataFrame:
         """Remove and return the rows matching ``predicate`` (ordered by key). O(state)."""
         self._check_open()

@@ -116,6 +116,11 @@ class TimeIndex:
         self.entries -= len(out)
         return out
 
+    def earliest(self) -> int | None:
+        """The smallest time of any entry (a lower bound: the entry may be stale)."""
+        heads = [int(run.times[0]) for run in self.runs if len(run.times)]
+        return min(heads) if heads else None
+
     def maybe_compact(self, live: int, current: IsCurrent) -> None:
         """Merge everything into one run when stale entries outnumber live rows."""
         if self.entries > 2 * live + _COMPACT_SLACK and self.runs:
