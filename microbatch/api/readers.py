@@ -385,6 +385,7 @@ def generate(
     start: datetime | str | None = None,
     seed: int = 0,
     max_records_per_batch: int | None = None,
+    event_rate: float | None = None,
 ) -> Stream:
     """A deterministic stream of card transactions (the demo and benchmark workload).
 
@@ -393,7 +394,7 @@ def generate(
     ``max_delay``; a ``late_fraction`` of rows arrive ``late_by`` late).
     Row *i* depends only on ``seed``, *i* and the parameters, so replays and
     any batch split give the same rows. Event *i* nominally happens at
-    ``start + i / 1000 s`` and its ``event_time`` is that minus a delay, so
+    ``start + i / event_rate`` seconds and its ``event_time`` is that minus a delay, so
     the first rows are timestamped slightly before ``start``.
 
     Parameters
@@ -423,6 +424,10 @@ def generate(
         Seed of the whole log.
     max_records_per_batch
         At most this many rows per batch (``None``: every available row).
+    event_rate
+        Events per second of event time (default: ``rows_per_second``, or 1000
+        when that is ``None``). ``rows_per_second=None, event_rate=1`` makes
+        hours of sparse event time available at once (simulations, tests).
 
     Returns
     -------
@@ -471,6 +476,7 @@ def generate(
             start=start,
             seed=seed,
             max_records_per_batch=max_records_per_batch,
+            event_rate=event_rate,
         )
     )
 

@@ -95,6 +95,10 @@ class GeneratorSource(Source):
         Cap on rows per batch (``None``: all available rows).
     merchants
         Number of distinct merchants (uniform).
+    event_rate
+        Events per second of event time (default: ``rows_per_second``, or 1000
+        when that is ``None``): ``event_rate=1`` with ``rows_per_second=None``
+        gives hours of sparse event time available at once.
 
     Guarantees: ``read(a, b)`` depends only on the offsets given and the
     parameters (all part of :meth:`identity` except the batch cap), never on
@@ -125,7 +129,13 @@ class GeneratorSource(Source):
         seed: int = 0,
         max_records_per_batch: int | None = None,
         merchants: int = 500,
+        event_rate: float | None = None,
     ) -> None:
+        if event_rate is not None and not (
+            isinstance(event_rate, int | float) and math.isfinite(event_rate) and event_rate > 0
+        ):
+            raise PlanError(
+                f"generate: event_rate must be a positive number or None, got {event_rate!r}")
         if rows_per_second is not None and not (
             isinstance(rows_per_second, int | float)
             and math.isfinite(rows_per_second)
@@ -155,6 +165,7 @@ class GeneratorSource(Source):
         if late_lo > late_hi:
             raise PlanError(f"generate: late_by must be (shortest, longest), got {late_by!r}")
         self.rows_per_second = None if rows_per_second is None else float(rows_per_second)
+        self.event_rate = None if event_rate is None else float(event_rate)
         self.total_rows = total_rows
         self.cards = cards
         self.zipf = float(zipf)
@@ -198,6 +209,8 @@ class GeneratorSource(Source):
             "start": "now" if self.start_ms is None else _iso(self.start_ms),
             "merchants": self.merchants,
             "chunk_rows": CHUNK_ROWS,
+            # NOTE: only when set, so that the identity of older checkpoints still matches
+            **({"event_rate": self.event_rate} if self.event_rate is not None else {}),
         }
 
     @property
@@ -290,7 +303,7 @@ class GeneratorSource(Source):
 
     def nominal_offset_ms(self, ids: np.ndarray) -> np.ndarray:
         """Milliseconds from the origin to the nominal time of events ``ids``."""
-        per_second = self.rows_per_second or _DEFAULT_EVENTS_PER_SECOND
+        per_second = self.event_rate or self.rows_per_second or _DEFAULT_EVENTS_PER_SECOND
         return np.floor(ids * 1000.0 / per_second).astype(np.int64)
 
     def _chunk(self, index: int) -> _Chunk:
