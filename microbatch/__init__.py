@@ -40,8 +40,10 @@ from microbatch.exceptions import (
     PlanError,
     QueryTerminatedError,
     SourceError,
+    TransformError,
     TriggerError,
 )
+from microbatch.plan.stateful import StateInput, StateOutput
 from microbatch.plan.triggers import AvailableNow, Once, ProcessingTime
 from microbatch.plan.windows import session_window, window
 
@@ -65,8 +67,11 @@ __all__ = [
     "ProcessingTime",
     "QueryTerminatedError",
     "SourceError",
+    "StateInput",
+    "StateOutput",
     "Stream",
     "StreamingQuery",
+    "TransformError",
     "TriggerError",
     "__version__",
     "generate",

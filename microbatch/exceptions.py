@@ -23,6 +23,11 @@ class TriggerError(PlanError):
     """A trigger string is not one of ``"once"``, ``"available-now"`` or an interval."""
 
 
+class TransformError(PlanError):
+    """A ``transform_with_state`` function raised, or answered rows, state or timers
+    that do not fit the declared schemas; the batch is not committed."""
+
+
 class SourceError(MicrobatchError):
     """A source could not list or read its data."""
 

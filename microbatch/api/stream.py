@@ -34,11 +34,13 @@ from microbatch.plan.nodes import (
     SourceNode,
     Step,
     StepNode,
+    TransformNode,
     WatermarkNode,
     expr_step,
     is_aggregated,
     map_batches_step,
 )
+from microbatch.plan.stateful import StateInput, StateOutput, TransformSpec
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import SourceContext
 from microbatch.types import JoinHow, StaticHow
@@ -156,7 +158,9 @@ class Stream:
             )
         )
 
-    def group_by(self, *keys: str | WindowSpec | SessionWindowSpec) -> GroupedStream:
+    def group_by(
+        self, *keys: str | WindowSpec | SessionWindowSpec, ttl: str | float | None = None
+    ) -> GroupedStream:
         """Group by an optional ``mb.window``/``mb.session_window`` and key columns.
 
         Call :meth:`GroupedStream.agg` on the result. A windowed aggregation
@@ -170,6 +174,11 @@ class Stream:
         *keys
             Column names, and at most one ``mb.window(...)`` or
             ``mb.session_window(...)``.
+        ttl
+            Without a window: forget a key's state this long (of processing time,
+            the batches' recorded timestamps) after its last update, so a key space
+            that grows forever keeps bounded state (``"1d"``). A later row of the key
+            starts afresh. Windowed state is bounded by the watermark instead.
 
         Returns
         -------
@@ -231,7 +240,13 @@ class Stream:
             )
         if len(windows) > 1:
             raise PlanError("group_by takes at most one window")
-        return GroupedStream(self, windows[0] if windows else None, tuple(names))
+        ttl_ms = None if ttl is None else parse_duration_ms(ttl, what="group_by ttl")
+        if ttl_ms is not None and windows:
+            raise PlanError(
+                "group_by(ttl=...) bounds the state of keys without a window; windowed state "
+                "is already bounded by the watermark (see mb.window(..., allowed_lateness=))"
+            )
+        return GroupedStream(self, windows[0] if windows else None, tuple(names), ttl_ms=ttl_ms)
 
     def fire_once(self, condition: pl.Expr, *, corrections: bool = False) -> Stream:
         """Fire a rule on a windowed aggregation once per window, as early as it holds.
@@ -306,9 +321,16 @@ class Stream:
         assert isinstance(node, AggregateNode)
         return self._with_plan(FireOnceNode(node, condition, corrections))
 
-    def drop_duplicates(self, subset: str | Sequence[str], *, within: str | int) -> Stream:
+    def drop_duplicates(
+        self,
+        subset: str | Sequence[str],
+        *,
+        within: str | float | None = None,
+        ttl: str | float | None = None,
+    ) -> Stream:
         """Keep the first row per ``subset`` key; forget a key once the watermark
-        passes its event time + ``within`` (needs ``with_watermark`` before).
+        passes its event time + ``within`` (needs ``with_watermark`` before), or,
+        with ``ttl`` instead, ``ttl`` of processing time after it was kept.
 
         Parameters
         ----------
@@ -318,6 +340,11 @@ class Stream:
             How long after a key's event time a duplicate may still arrive: a
             duration string (``"1h"``), seconds, or a ``timedelta``. Bounds the
             state: the keys seen are kept only that long.
+        ttl
+            Instead of ``within``, without a watermark: remember a kept key this
+            long after the recorded timestamp of the batch that kept it (request
+            ids, message ids: keys that never come back after a while). Give
+            exactly one of ``within`` and ``ttl``.
 
         Returns
         -------
@@ -326,8 +353,9 @@ class Stream:
         Raises
         ------
         PlanError
-            Without a ``with_watermark`` before it (the keys seen would be kept
-            forever), or with an empty ``subset``.
+            With ``within`` but no ``with_watermark`` before it, with neither or
+            both of ``within`` and ``ttl`` (the keys seen would be kept forever),
+            or with an empty ``subset``.
 
         Examples
         --------
@@ -349,18 +377,41 @@ class Stream:
         True
         >>> mb.table("doc_drop_duplicates")["id"].to_list()
         [1, 2, 3]
+
+        Request ids that never come back after a day, without event time:
+
+        >>> requests = mb.read_memory(pl.DataFrame({"request_id": ["a", "b", "a"]}))
+        >>> query = (
+        ...     requests.drop_duplicates("request_id", ttl="1d")
+        ...     .write_memory("doc_drop_duplicates_ttl")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_drop_duplicates_ttl")["request_id"].to_list()
+        ['a', 'b']
         """
         from microbatch.durations import parse_duration_ms
 
         cols = (subset,) if isinstance(subset, str) else tuple(subset)
+        if not cols:
+            raise PlanError("drop_duplicates needs at least one column in subset")
+        if (within is None) == (ttl is None):
+            raise PlanError(
+                "drop_duplicates needs exactly one bound on the keys it remembers: "
+                "within=... (event time, with a watermark) or ttl=... (processing time); "
+                "without one they would be kept forever"
+            )
+        if ttl is not None:
+            ttl_ms = parse_duration_ms(ttl, what="drop_duplicates ttl")
+            return self._with_plan(DedupeNode(self._plan, cols, None, None, ttl_ms))
         marks = [n.spec for n in self._plan.walk() if isinstance(n, WatermarkNode)]
         if not marks:
             raise PlanError(
                 "drop_duplicates(within=...) needs .with_watermark(col, delay) before it: "
-                "without a watermark the keys seen would be kept forever"
+                "without a watermark the keys seen would be kept forever (or use ttl=...)"
             )
-        if not cols:
-            raise PlanError("drop_duplicates needs at least one column in subset")
+        assert within is not None
         within_ms = parse_duration_ms(within, what="drop_duplicates within")
         return self._with_plan(DedupeNode(self._plan, cols, within_ms, marks[0].column))
 
@@ -1586,11 +1637,17 @@ class GroupedStream:
     """``stream.group_by(...)``: call ``agg(...)`` to get the aggregated stream."""
 
     def __init__(
-        self, stream: Stream, window: WindowSpec | SessionWindowSpec | None, keys: tuple[str, ...]
+        self,
+        stream: Stream,
+        window: WindowSpec | SessionWindowSpec | None,
+        keys: tuple[str, ...],
+        *,
+        ttl_ms: int | None = None,
     ) -> None:
         self._stream = stream
         self._window = window
         self._keys = keys
+        self._ttl_ms = ttl_ms
 
     def agg(self, *aggs: pl.Expr | Sequence[pl.Expr]) -> Stream:
         """Aggregate incrementally; output columns ``window_start, window_end``
@@ -1648,8 +1705,168 @@ class GroupedStream:
         incrementally: ...
         """
         specs = tuple(parse_aggregations(aggs))
-        node = AggregateNode(self._stream.plan, self._window, self._keys, specs)
+        node = AggregateNode(self._stream.plan, self._window, self._keys, specs, self._ttl_ms)
         return self._stream._with_plan(node)
+
+    def transform_with_state(
+        self,
+        fn: Callable[[StateInput], StateOutput],
+        *,
+        state_schema: Mapping[str, Any] | pl.Schema,
+        output_schema: Mapping[str, Any] | pl.Schema | None = None,
+        ttl: str | float | None = None,
+        ttl_time: Literal["processing", "event"] = "processing",
+        time_column: str | None = None,
+        event_time_order: bool = False,
+    ) -> Stream:
+        """Arbitrary per-key state and timers; ``fn`` is called **once per batch**.
+
+        Spark's ``transformWithState``, Flink's ``KeyedProcessFunction``, but
+        vectorized: ``fn`` receives a :class:`~microbatch.plan.stateful.StateInput`
+        of DataFrames (the batch's rows, the state of every key that has rows or
+        a firing timer, the firing timers) and returns a
+        :class:`~microbatch.plan.stateful.StateOutput` (rows to emit, state upserts
+        and deletes, timers to register). Write ``fn`` with Polars expressions
+        over all keys at once: there is no Python call per key on this path (for
+        prototyping, :meth:`map_groups_with_state` calls a function per key).
+
+        Event-time timers fire when the watermark passes them, processing-time
+        timers when a batch's recorded timestamp reaches them (a re-run fires
+        the same); an idle query still runs a batch when one is due. With
+        ``time_column`` and a watermark, rows at or before the watermark are late.
+        The state is versioned with the batches: replays are bit-identical, a
+        crash never applies a batch twice. Adding a state column to
+        ``state_schema`` later is accepted (it starts as null); other changes are
+        refused on restart, naming the change.
+
+        Parameters
+        ----------
+        fn
+            ``fn(StateInput) -> StateOutput``.
+        state_schema
+            The state columns per key (besides the keys), ``{name: dtype}``.
+        output_schema
+            The columns of the emitted rows (checked and cast each batch).
+        ttl
+            Forget a key's state this long after ``ttl_time`` says (None: never).
+        ttl_time
+            ``"processing"``: ``ttl`` after the key's last state write, by the
+            batches' recorded timestamps. ``"event"``: ``ttl`` after the newest
+            event time of its rows, by the watermark (needs ``time_column``).
+        time_column
+            The rows' event-time column: late rows, and event-time TTL.
+        event_time_order
+            Hold each row in state until the watermark passes its event time,
+            then give it to ``fn`` (once) in event-time order, ties in arrival
+            order. Sequence rules ("the previous payment", "a gap of 5 minutes")
+            then give the same result however the input is split into batches
+            or disordered within the watermark delay, at the cost of the delay
+            in latency. Needs ``time_column`` and a watermark on it.
+
+        Returns
+        -------
+        Stream
+
+        Examples
+        --------
+        A running count per card, and an alert the first time a card reaches 3:
+
+        >>> def running_count(inp):
+        ...     counts = (inp.rows.group_by("card").agg(pl.len().alias("new"))
+        ...               .join(inp.state, on="card", how="left")
+        ...               .with_columns(n=pl.col("new") + pl.col("n").fill_null(0)))
+        ...     reached = counts.filter((pl.col("n") >= 3) & (pl.col("n") - pl.col("new") < 3))
+        ...     return mb.StateOutput(rows=reached.select("card", "n"),
+        ...                        upserts=counts.select("card", "n"))
+        >>> pays = mb.read_memory(schema={"card": pl.Int64}, max_records_per_batch=2)
+        >>> _ = pays.add({"card": [1, 1, 2, 1, 1]})
+        >>> q = (pays.group_by("card")
+        ...      .transform_with_state(running_count, state_schema={"n": pl.Int64},
+        ...                            output_schema={"card": pl.Int64, "n": pl.Int64})
+        ...      .write_memory("doc_transform").start(trigger="available-now"))
+        >>> q.await_termination()
+        True
+        >>> mb.table("doc_transform").rows()
+        [(1, 3)]
+        """
+        if self._window is not None:
+            raise PlanError(
+                "transform_with_state groups by keys only: drop the window from group_by "
+                "(use event-time timers for time-based logic)"
+            )
+        ttl_ms = None if ttl is None else parse_duration_ms(ttl, what="transform_with_state ttl")
+        on_event_time = event_time_order or (ttl_ms is not None and ttl_time == "event")
+        marked = any(isinstance(n, WatermarkNode) for n in self._stream.plan.walk())
+        if on_event_time and not marked:
+            raise PlanError(
+                "transform_with_state with event_time_order=True or ttl_time='event' waits for "
+                "the watermark: add .with_watermark(time_column, delay) before group_by"
+            )
+        spec = TransformSpec.parse(self._keys, fn, state_schema=state_schema,
+                                   output_schema=output_schema, ttl_ms=ttl_ms,
+                                   ttl_time=ttl_time, time_column=time_column,
+                                   event_time_order=event_time_order)
+        return self._stream._with_plan(TransformNode(self._stream.plan, spec))
+
+    def map_groups_with_state(
+        self,
+        fn: Callable[[tuple[Any, ...], pl.DataFrame, dict[str, Any] | None],
+                     tuple[pl.DataFrame | None, dict[str, Any] | None]],
+        *,
+        state_schema: Mapping[str, Any] | pl.Schema,
+        output_schema: Mapping[str, Any] | pl.Schema | None = None,
+        ttl: str | float | None = None,
+    ) -> Stream:
+        """A per-key convenience for prototyping: ``fn`` is called **once per key**.
+
+        ``fn(key, rows, state) -> (output rows or None, new state or None)``:
+        ``key`` is the tuple of key values, ``rows`` the key's rows of the batch,
+        ``state`` its state as a dict (``None`` when it has none); returning
+        ``None`` as the state deletes it. Built on :meth:`transform_with_state`
+        (same state store, checkpoints, replays and TTL), but it makes one Python
+        call per key per batch: fine for a notebook, slow for a large key space.
+        Move to ``transform_with_state`` for production.
+
+        Examples
+        --------
+        >>> def total(key, rows, state):
+        ...     new = (state or {"total": 0})["total"] + rows["amount"].sum()
+        ...     return pl.DataFrame({"card": [key[0]], "total": [new]}), {"total": new}
+        >>> pays = mb.read_memory(pl.DataFrame({"card": [1, 2, 1], "amount": [5, 7, 1]}))
+        >>> q = (pays.group_by("card")
+        ...      .map_groups_with_state(total, state_schema={"total": pl.Int64})
+        ...      .write_memory("doc_map_groups").start(trigger="available-now"))
+        >>> q.await_termination()
+        True
+        >>> mb.table("doc_map_groups").sort("card").rows()
+        [(1, 6), (2, 7)]
+        """
+        keys = self._keys
+        schema = pl.Schema(state_schema)
+
+        def per_key(inp: StateInput) -> StateOutput:
+            states = {tuple(r[k] for k in keys): {c: r[c] for c in schema}
+                      for r in inp.state.iter_rows(named=True)}
+            outputs, upserts, deletes = [], [], []
+            for key, rows in inp.rows.group_by(list(keys), maintain_order=True):
+                out, new = fn(key, rows, states.get(key))
+                if out is not None:
+                    outputs.append(out)
+                if new is None:
+                    deletes.append(dict(zip(keys, key, strict=True)))
+                else:
+                    upserts.append({**dict(zip(keys, key, strict=True)), **new})
+            key_types = {k: inp.rows.schema[k] for k in keys}
+            return StateOutput(
+                rows=pl.concat(outputs, how="diagonal_relaxed") if outputs else None,
+                upserts=pl.DataFrame(upserts, schema={**key_types, **schema})
+                if upserts else None,
+                deletes=pl.DataFrame(deletes, schema=key_types) if deletes else None,
+            )
+
+        per_key.__qualname__ = getattr(fn, "__qualname__", "map_groups_with_state")
+        return self.transform_with_state(per_key, state_schema=schema,
+                                         output_schema=output_schema, ttl=ttl)
 
 
 def _window_of(plan: PlanNode, side: str) -> WindowSpec:

@@ -3,7 +3,8 @@
 This module is the engine's spine. :meth:`MicroBatchExecution.run_batch`
 reads top to bottom as the protocol of docs/design.md::
 
-    1. plan         each source's end offset (capped); no new data -> no batch
+    1. plan         each source's end offset (capped); no new data, no watermark
+                    move past state and no timer or TTL due -> no batch
     2. write-ahead  offsets/N = ranges, watermark, timestamp, fingerprint
     3. read         exactly the recorded ranges
     4. execute      the plan, vectorized over the whole batch
@@ -337,9 +338,10 @@ class MicroBatchExecution:
     ) -> PlannedBatch | None:
         """Step 1: each source's end offset now.
 
-        ``None`` when no source has new data and the watermark did not move
-        past state waiting to be emitted; otherwise the batch (a no-data batch
-        when only the watermark moved).
+        ``None`` when no source has new data, the watermark did not move past
+        state waiting to be emitted, and no processing-time timer or TTL is due;
+        otherwise the batch (a no-data batch when only the watermark moved or a
+        timer is due: an idle query still fires timers on its trigger).
         """
         t0 = time.perf_counter()
         self.read_ahead.wait()  # NOTE: a source is never used by two threads at once
@@ -359,9 +361,10 @@ class MicroBatchExecution:
             has_data = has_data or source.compare(end, start) > 0
         next_watermark = self.tracker.current
         watermark_moved = next_watermark != self.watermark_in_force
+        now_ms = int(self.clock() * 1000)
         if not has_data and not (
             watermark_moved and self.executor.has_expirable_state(next_watermark)
-        ):
+        ) and not self.executor.due(now_ms, next_watermark):
             with self.cond:
                 self.last_idle_plan = plan_no
                 self.cond.notify_all()
@@ -369,7 +372,7 @@ class MicroBatchExecution:
         batch = PlannedBatch(
             batch_id=self.next_batch_id,
             ranges=ranges,
-            timestamp_ms=int(self.clock() * 1000),
+            timestamp_ms=now_ms,
             watermark_ms=next_watermark,
         )
         batch.durations_ms["plan"] = round((time.perf_counter() - t0) * 1000, 3)

@@ -30,6 +30,7 @@ from microbatch.plan.nodes import (
     SourceNode,
     StaticJoinNode,
     StepNode,
+    TransformNode,
     WatermarkNode,
     WindowJoinNode,
 )
@@ -65,6 +66,7 @@ def build_operator(
         keys=list(node.keys),
         aggs=list(node.aggs),
         output_mode=output_mode,
+        ttl_ms=node.ttl_ms,
     )
 
 
@@ -94,6 +96,11 @@ class BatchExecutor:
                 self._ops[id(node)] = build_operator(node, op_id, mode)
             elif isinstance(node, FireOnceNode):
                 self._ops[id(node)] = build_fire_once(node, f"fire-{len(self._ops)}")
+            elif isinstance(node, TransformNode):
+                from microbatch.operators.transform import TransformWithState
+
+                self._ops[id(node)] = TransformWithState(
+                    operator_id=f"transform-{len(self._ops)}", spec=node.spec)
             elif isinstance(node, DedupeNode):
                 from microbatch.operators.dedupe import Deduplicate
 
@@ -102,6 +109,7 @@ class BatchExecutor:
                     subset=list(node.subset),
                     within_ms=node.within_ms,
                     time_column=node.time_column,
+                    ttl_ms=node.ttl_ms,
                 )
             elif isinstance(node, IntervalJoinNode | AsOfJoinNode | StaticJoinNode):
                 self._ops[id(node)] = build_join_operator(node, f"join-{len(self._ops)}")
@@ -149,7 +157,7 @@ class BatchExecutor:
             df = collect(self._lazy(node.child, inputs, ctx))
             self.tracker.observe(self._wm_ids[id(node)], df, ctx.timestamp_ms)
             return df.lazy()
-        if isinstance(node, AggregateNode | DedupeNode | FireOnceNode):
+        if isinstance(node, AggregateNode | DedupeNode | FireOnceNode | TransformNode):
             df = collect(self._lazy(node.child, inputs, ctx))
             df = df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
             return self._ops[id(node)].process(df, ctx).lazy()
@@ -182,6 +190,10 @@ class BatchExecutor:
 
     def has_expirable_state(self, watermark_ms: int | None) -> bool:
         return any(op.has_expirable_state(watermark_ms) for op in self.operators)
+
+    def due(self, now_ms: int, watermark_ms: int | None) -> bool:
+        """A timer or TTL of some operator is due at ``now_ms`` and ``watermark_ms``."""
+        return any(op.due(now_ms, watermark_ms) for op in self.operators)
 
     def state_metrics(self) -> dict[str, Any]:
         return {op.operator_id: op.metrics() for op in self.operators}

@@ -24,7 +24,8 @@ JSON line on the ``microbatch.observability.progress`` logger. Fields:
   :mod:`microbatch.observability.source_lag`); ``source_lag_records`` (total) and
   ``source_lag_seconds`` (oldest) over the sources;
 - ``state``: per operator, rows, bytes, commit time, late rows, ``eviction``
-  (``"watermark"`` or ``"none"``)…; ``state_rows``, ``state_bytes`` totals;
+  (``"watermark"``, ``"ttl"`` or ``"none"``), ``expired_rows`` (removed by TTL
+  in this batch)…; ``state_rows``, ``state_bytes``, ``state_expired_rows`` totals;
 - ``late_rows``, ``dead_letter_rows``: this batch's;
 - ``sink``: output rows, write time and latency; ``latency_ms``:
   ``{"column", "rows", "max_ms", "median_ms"}`` of now minus event time of
@@ -80,7 +81,7 @@ class BatchFacts:
     state_committed: Mapping[str, Mapping[str, Any]]
     """Per operator: the store's figures after the commit (rows, bytes, version...)."""
     eviction: Mapping[str, str]
-    """Per operator: ``"watermark"`` or ``"none"`` (its state only grows)."""
+    """Per operator: ``"watermark"``, ``"ttl"`` or ``"none"`` (its state only grows)."""
     watermark_partitions: Sequence[Mapping[str, Any]]
     sink_description: Mapping[str, Any]
     sink_metrics: Mapping[str, Any]
@@ -142,6 +143,7 @@ def progress_record(facts: BatchFacts, *, now_ms: int) -> dict[str, Any]:
         "state": state,
         "state_rows": sum(int(m.get("rows") or 0) for m in state.values()),
         "state_bytes": sum(int(m.get("bytes") or 0) for m in state.values()),
+        "state_expired_rows": sum(int(m.get("expired_rows") or 0) for m in state.values()),
         "sink": {
             "description": _jsonable(f.sink_description),
             "output_rows": f.output_rows,

@@ -13,7 +13,8 @@ the conditions an operator should look at:
   with data, held back by a partition that receives no rows (no
   ``idle_timeout``);
 - ``state_growing``: an operator's state only grows and nothing is evicted
-  (no window/watermark eviction, or a watermark that does not advance);
+  (no window/watermark eviction and no TTL, or a watermark that does not
+  advance); it names the operator and the ``ttl=`` that would bound it;
 - ``late_rows_rising``: more late rows in the newest batches than before;
 - ``dead_letters``: malformed input records in recent batches.
 """
@@ -117,6 +118,7 @@ def status_document(
         "state_operators": newest.get("state") or {},
         "state_rows": newest.get("state_rows"),
         "state_bytes": newest.get("state_bytes"),
+        "recent_state_expired_rows": sum(int(r.get("state_expired_rows") or 0) for r in shown),
         "latency_ms": newest.get("latency_ms"),
         "recent_late_rows": sum(int(r.get("late_rows") or 0) for r in shown),
         "recent_dead_letter_rows": sum(int(r.get("dead_letter_rows") or 0) for r in shown),
@@ -267,14 +269,30 @@ def _state_growing(run: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             "it has no eviction (a group_by without a window, complete mode, or no watermark)"
             if newest.get("eviction") == "none"
             else "the watermark did not advance"
+            if newest.get("eviction") == "watermark"
+            else "no key has been idle for its ttl yet"
         )
         found.append(_alarm(
             "state_growing", "warning",
             f"state of {op_id} grew from {rows[0]:,} to {rows[-1]:,} rows over "
             f"{len(window)} batches and nothing was evicted: {why}. State without TTL or "
-            "eviction grows with every new key.",
+            f"eviction grows with every new key{_ttl_advice(op_id, newest.get('eviction'))}",
         ))
     return found
+
+
+def _ttl_advice(op_id: str, eviction: str | None) -> str:
+    """How to bound the state of operator ``op_id`` (its id names its kind)."""
+    if eviction != "none":
+        return "."
+    kind = op_id.rsplit("-", 1)[0]
+    how = {
+        "agg": "group_by(..., ttl=\"1d\") to forget keys idle that long (or a window with "
+               "a watermark)",
+        "dedupe": "drop_duplicates(..., ttl=\"1d\") (or within= with a watermark)",
+        "transform": "transform_with_state(..., ttl=\"1d\"), or delete state in fn",
+    }.get(kind)
+    return f": set {how}." if how else "."
 
 
 def _late_rows_rising(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:

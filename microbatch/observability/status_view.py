@@ -118,6 +118,8 @@ def _summary(doc: dict[str, Any]) -> Table:
         ("source lag", lag_text(doc.get("source_lag_records"), doc.get("source_lag_seconds"))),
         ("state size", f"{fmt_int(doc.get('state_rows'))} rows, "
                        f"{fmt_bytes(doc.get('state_bytes'))}"),
+        ("state expired (ttl)",
+         f"{fmt_int(doc.get('recent_state_expired_rows'))} rows in the batches below"),
         ("late rows", f"{fmt_int(doc.get('recent_late_rows'))} in the batches below"),
         ("dead letters", f"{fmt_int(doc.get('recent_dead_letter_rows'))} in the batches below"),
         ("sink latency", _latency(doc.get("latency_ms"))),
@@ -179,13 +181,13 @@ def _state(doc: dict[str, Any]) -> Table | None:
     if not ops:
         return None
     table = _table("state", ("operator", "rows", "bytes", "bytes/row", "eviction",
-                             "late rows", "commit ms"))
+                             "expired", "late rows", "commit ms"))
     for op_id, m in sorted(ops.items()):
         per_row = m.get("bytes_per_row")
         table.add_row(
             op_id, fmt_int(m.get("rows")), fmt_bytes(m.get("bytes")),
             "-" if per_row is None else f"{per_row:,.0f}", str(m.get("eviction", "-")),
-            fmt_int(m.get("late_rows")),
+            fmt_int(m.get("expired_rows")), fmt_int(m.get("late_rows")),
             "-" if m.get("commit_ms") is None else f"{m['commit_ms']:.1f}",
         )
     return table

@@ -108,6 +108,14 @@ class StatefulOperator(ABC):
         """True when a batch at ``watermark_ms`` would emit or evict something."""
         return False
 
+    def due(self, now_ms: int, watermark_ms: int | None) -> bool:
+        """True when a batch at processing time ``now_ms`` and watermark
+        ``watermark_ms`` would fire a timer (one registered at or before the
+        watermark already passed, or a processing-time one) or expire state by TTL:
+        the engine then runs a no-data batch even though nothing arrived and the
+        watermark did not move."""
+        return False
+
     def eviction(self, *, has_watermark: bool) -> str:
         """``"watermark"`` when the state shrinks as the watermark passes, ``"none"``
         when it only grows (what ``microbatch status`` warns about)."""

@@ -1,5 +1,5 @@
 """``drop_duplicates(subset, within=...)``: the first row per key, state bounded
-by the watermark.
+by the watermark; or ``drop_duplicates(subset, ttl=...)``: bounded by processing time.
 
 A row is dropped as a duplicate when a row with the same ``subset`` values
 was kept before and is still remembered; the kept
@@ -8,6 +8,10 @@ row's key is remembered until the watermark passes its event time +
 late (counted, late output): its duplicates may already have been forgotten.
 Vectorized: one ``unique`` per batch, one lookup and one upsert of the batch's
 new keys, and eviction that costs the keys expired.
+
+With ``ttl`` instead (no watermark needed), a kept key is remembered ``ttl``
+after the recorded timestamp of the batch that kept it; a row of the key after
+that is kept again (a new first row). Forgotten keys count as ``expired_rows``.
 """
 
 from __future__ import annotations
@@ -34,12 +38,22 @@ EXPIRES = "__expires"
 
 
 class Deduplicate(SingleStoreOperator):
-    """Keeps the first row of each ``subset`` key within ``within_ms`` of event time."""
+    """Keeps the first row of each ``subset`` key within ``within_ms`` of event time,
+    or within ``ttl_ms`` of processing time."""
 
     def __init__(
-        self, *, operator_id: str, subset: list[str], within_ms: int, time_column: str
+        self,
+        *,
+        operator_id: str,
+        subset: list[str],
+        within_ms: int | None,
+        time_column: str | None,
+        ttl_ms: int | None = None,
     ) -> None:
+        if (ttl_ms is None) == (within_ms is None or time_column is None):
+            raise PlanError("drop_duplicates takes within= (with a watermark) or ttl=")
         self.operator_id = operator_id
+        self.ttl_ms = ttl_ms
         self.subset = subset
         self.within_ms = within_ms
         self.time_column = time_column
@@ -48,6 +62,8 @@ class Deduplicate(SingleStoreOperator):
         self.store: StateStore | None = None
 
     def signature(self) -> dict[str, Any]:
+        if self.ttl_ms is not None:
+            return {"kind": "deduplicate", "subset": self.subset, "ttl_ms": self.ttl_ms}
         return {
             "kind": "deduplicate",
             "subset": self.subset,
@@ -61,6 +77,9 @@ class Deduplicate(SingleStoreOperator):
             check_signature(state_dir, self.signature())
             if (state_dir / "schema.arrow").exists():
                 self._make_provider(_read_schema(state_dir / "schema.arrow"))
+                if self.ttl_ms is not None:  # an idle query must know when a key expires
+                    assert self.provider is not None
+                    self.store = self.provider.load(batch_id)
 
     def _make_provider(self, schema: dict[str, Any]) -> None:
         from statestore import StateStoreProvider
@@ -95,10 +114,27 @@ class Deduplicate(SingleStoreOperator):
         self.store = self.provider.load(batch_id)
         return self.store
 
+    def eviction(self, *, has_watermark: bool) -> str:
+        if self.ttl_ms is not None:
+            return "ttl"
+        return "watermark" if has_watermark else "none"
+
+    def due(self, now_ms: int, watermark_ms: int | None) -> bool:
+        if self.ttl_ms is None or self.store is None:
+            return False
+        t = self.store.next_time()
+        return t is not None and t <= now_ms
+
     def process(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
         store = self._load(df, ctx.batch_id)
-        if store is None or df.width == 0:
+        if store is None:
             return df
+        if self.ttl_ms is not None:
+            return self._process_ttl(store, df, ctx)
+        if df.width == 0:
+            return df
+        assert self.time_column is not None
+        assert self.within_ms is not None
         wm = ctx.watermark_ms
         kept, late = split_late_by_time(df, self.time_column, wm)
         if late.height:
@@ -115,3 +151,22 @@ class Deduplicate(SingleStoreOperator):
             "duplicates_dropped": df.height - late.height - new.height,
         }
         return new.drop(TIME)
+
+    def _process_ttl(self, store: StateStore, df: pl.DataFrame,
+                     ctx: OperatorContext) -> pl.DataFrame:
+        """Forget keys kept ``ttl`` ago (by the batch's recorded timestamp), then keep
+        each key's first row unless it is remembered."""
+        assert self.ttl_ms is not None
+        expired = store.pop_expired(ctx.timestamp_ms).height
+        new = df
+        if df.width:
+            first = df.unique(self.subset, keep="first", maintain_order=True)
+            new = first.filter(~store.lookup(first.select(self.subset))["__found"])
+            store.upsert(new.select(
+                *self.subset, pl.lit(ctx.timestamp_ms + self.ttl_ms, pl.Int64).alias(EXPIRES)))
+        ctx.metrics[self.operator_id] = {
+            **store.metrics,
+            "expired_rows": expired,
+            "duplicates_dropped": df.height - new.height,
+        }
+        return new

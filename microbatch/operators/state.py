@@ -46,12 +46,15 @@ class StoreSet:
         key_schema: dict[str, pl.DataType],
         value_schema: dict[str, pl.DataType],
         time_column: str | None = None,
+        added_values: tuple[str, ...] = (),
     ) -> None:
-        """Add store ``name`` kept under ``directory``."""
+        """Add store ``name`` kept under ``directory`` (``added_values``: value columns
+        that older versions lack; they read as nulls)."""
         from statestore import StateStoreProvider
 
         self.providers[name] = StateStoreProvider(
-            directory, key_schema=key_schema, value_schema=value_schema, time_column=time_column
+            directory, key_schema=key_schema, value_schema=value_schema, time_column=time_column,
+            added_values=added_values,
         )
 
     def load(self, name: str, version: int) -> StateStore:

@@ -21,6 +21,12 @@ changes it emits the corrected row again with the next ``revision``.
 Each window row carries ``__expire_at`` (the store's time column: its end
 until first emitted, then end + L) and ``__rev`` (-1 until emitted), so both
 the first emission and the final eviction cost only the rows they touch.
+
+A plain ``group_by(keys, ttl=T)`` (no window) bounds its state by processing
+time instead: each key's row carries ``__expire_at`` = the recorded timestamp of
+the batch that last updated it + ``T``; each batch first removes the keys whose
+time passed (counted as ``expired_rows``), so a key seen again later starts
+afresh.
 """
 
 from __future__ import annotations
@@ -68,8 +74,12 @@ class WindowAggregate(SingleStoreOperator):
         keys: list[str],
         aggs: list[AggSpec],
         output_mode: OutputMode,
+        ttl_ms: int | None = None,
     ) -> None:
+        if ttl_ms is not None and window is not None:
+            raise PlanError("ttl bounds the state of a group_by without a window")
         self.operator_id = operator_id
+        self.ttl_ms = ttl_ms
         self.window = window
         self.keys = keys
         self.aggs = aggs
@@ -87,6 +97,8 @@ class WindowAggregate(SingleStoreOperator):
             "window": self.window.describe() if self.window else None,
             "keys": self.keys,
             "state": [a.state_name for a in self.aggs],
+            # NOTE: only when set, so checkpoints written before ttl existed still match
+            **({"ttl_ms": self.ttl_ms} if self.ttl_ms is not None else {}),
         }
 
     # ----------------------------------------------------------- state
@@ -98,6 +110,11 @@ class WindowAggregate(SingleStoreOperator):
             schema_path = state_dir / "schema.arrow"
             if schema_path.exists():
                 self._make_provider(_read_schema(schema_path))
+                if self.ttl_ms is not None:
+                    # NOTE: loaded now, not at the first batch: an idle query must know
+                    # when the TTL of some key is due before any row arrives
+                    assert self.provider is not None
+                    self.store = self.provider.load(batch_id)
 
     def _state_schema(self, df: pl.DataFrame) -> dict[str, Any]:
         missing = [k for k in self.keys if k not in df.columns]
@@ -119,6 +136,8 @@ class WindowAggregate(SingleStoreOperator):
             values.update(agg.partial_dtypes(df.schema))
         if self.window is not None:
             values.update({EXPIRE: pl.Int64(), REV: pl.Int64()})
+        elif self.ttl_ms is not None:
+            values[EXPIRE] = pl.Int64()
         out_dtype = df.schema[self.window.column] if self.window else None
         return {"keys": keys, "values": values, "out_time": out_dtype}
 
@@ -134,7 +153,7 @@ class WindowAggregate(SingleStoreOperator):
             self.state_dir,
             key_schema=schema["keys"],
             value_schema=schema["values"],
-            time_column=EXPIRE if self.window is not None else None,
+            time_column=EXPIRE if self.window is not None or self.ttl_ms is not None else None,
         )
 
     def _load(self, df: pl.DataFrame, batch_id: int) -> StateStore | None:
@@ -163,13 +182,22 @@ class WindowAggregate(SingleStoreOperator):
         )
 
     def eviction(self, *, has_watermark: bool) -> str:
-        """A plain ``group_by`` and ``complete`` mode keep every key forever."""
+        """A plain ``group_by`` and ``complete`` mode keep every key forever,
+        unless ``ttl`` forgets idle keys."""
+        if self.ttl_ms is not None:
+            return "ttl"
         if not has_watermark or self.window is None or self.output_mode == "complete":
             return "none"
         return "watermark"
 
     def has_expirable_state(self, watermark_ms: int | None) -> bool:
         return self.window is not None and self.output_mode != "complete"
+
+    def due(self, now_ms: int, watermark_ms: int | None) -> bool:
+        if self.ttl_ms is None or self.store is None:
+            return False
+        t = self.store.next_time()
+        return t is not None and t <= now_ms
 
     # ------------------------------------------------------------ batch
 
@@ -181,6 +209,8 @@ class WindowAggregate(SingleStoreOperator):
         wm = ctx.watermark_ms
         late_count = 0
         merged = None
+        # NOTE: before the merge, so that a key whose TTL passed starts afresh
+        expired = store.pop_expired(ctx.timestamp_ms).height if self.ttl_ms is not None else 0
         if df.width:  # a no-data batch of a source without a declared schema has no columns
             lf = df.lazy()
             if self.window is not None:
@@ -193,13 +223,14 @@ class WindowAggregate(SingleStoreOperator):
                 .agg([e for a in self.aggs for e in a.partials(df.schema)])
                 .pipe(collect)
             )
-            merged = self._merge(store, partials)
+            merged = self._merge(store, partials, ctx.timestamp_ms)
             store.upsert(merged, keys_from_lookup=True)
         emitted = self._emit(store, merged, wm)
         ctx.metrics[self.operator_id] = {
             **store.metrics,
             "late_rows": late_count,
             "updated_keys": 0 if merged is None else merged.height,
+            **({"expired_rows": expired} if self.ttl_ms is not None else {}),
         }
         return emitted
 
@@ -245,7 +276,7 @@ class WindowAggregate(SingleStoreOperator):
             live = live.filter(pl.col(WS) + spec.size_ms > wm)
         return live, late
 
-    def _merge(self, store: StateStore, partials: pl.DataFrame) -> pl.DataFrame:
+    def _merge(self, store: StateStore, partials: pl.DataFrame, now_ms: int) -> pl.DataFrame:
         """Batch partials merged with the stored partials of the same keys."""
         keys = self._state_keys()
         found = store.lookup(partials.select(keys))
@@ -282,6 +313,8 @@ class WindowAggregate(SingleStoreOperator):
                 pl.when(hit).then(pl.col(EXPIRE)).otherwise(first_expiry).alias(EXPIRE),
                 pl.when(hit).then(pl.col(REV)).otherwise(-1).alias(REV),
             ]
+        elif self.ttl_ms is not None:
+            exprs.append(pl.lit(now_ms + self.ttl_ms, pl.Int64).alias(EXPIRE))
         return both.select(*keys, *exprs)
 
     def _emit(self, store: StateStore, merged: pl.DataFrame | None, wm: int | None) -> pl.DataFrame:

@@ -19,6 +19,7 @@ from microbatch.frames import collect
 from microbatch.plan.aggregates import AggSpec
 from microbatch.plan.event_time import WatermarkSpec
 from microbatch.plan.joins import AsOfJoinSpec, IntervalJoinSpec, StaticJoinSpec, WindowJoinSpec
+from microbatch.plan.stateful import TransformSpec
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import Source
 
@@ -152,6 +153,8 @@ class AggregateNode(PlanNode):
     window: WindowSpec | SessionWindowSpec | None
     keys: tuple[str, ...]
     aggs: tuple[AggSpec, ...]
+    ttl_ms: int | None = None
+    """Without a window: forget a key's state this long after its last update."""
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
@@ -195,19 +198,42 @@ class FireOnceNode(PlanNode):
 
 
 @dataclass(frozen=True, eq=False)
-class DedupeNode(PlanNode):
-    """``drop_duplicates(subset, within)``: first row per key; keeps state."""
+class TransformNode(PlanNode):
+    """``group_by(*keys).transform_with_state(fn, ...)``: per-key state and timers,
+    ``fn`` called once per batch; keeps state."""
 
     child: PlanNode
-    subset: tuple[str, ...]
-    within_ms: int
-    time_column: str
+    spec: TransformSpec
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
     def label(self) -> str:
+        fn = getattr(self.spec.fn, "__qualname__", type(self.spec.fn).__name__)
+        ttl = f", ttl={self.spec.ttl_ms}ms ({self.spec.ttl_time})" if self.spec.ttl_ms else ""
+        return (f"TransformWithState[keys={list(self.spec.keys)}](fn={fn}, "
+                f"state={list(self.spec.state_schema)}{ttl})  [stateful]")
+
+
+@dataclass(frozen=True, eq=False)
+class DedupeNode(PlanNode):
+    """``drop_duplicates(subset, within=)`` or ``(subset, ttl=)``: first row per key;
+    keeps state (bounded by the watermark, or by processing-time TTL)."""
+
+    child: PlanNode
+    subset: tuple[str, ...]
+    within_ms: int | None
+    time_column: str | None
+    ttl_ms: int | None = None
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        if self.ttl_ms is not None:
+            return f"DropDuplicates(subset={list(self.subset)}, ttl={self.ttl_ms}ms)  [stateful]"
         return (
             f"DropDuplicates(subset={list(self.subset)}, within={self.within_ms}ms, "
             f"time={self.time_column})  [stateful]"
