@@ -55,6 +55,9 @@ DOCUMENTED = [
     "microbatch.api.stream.GroupedStream.agg",
     "microbatch.api.stream.Stream.drop_duplicates",
     "microbatch.api.stream.Stream.fire_once",
+    # stream: arbitrary stateful processing
+    "microbatch.api.stream.GroupedStream.transform_with_state",
+    "microbatch.api.stream.GroupedStream.map_groups_with_state",
     # stream: joins
     "microbatch.api.stream.Stream.join_interval",
     "microbatch.api.stream.Stream.join_window",
