@@ -1,8 +1,8 @@
 """The README's examples run as written, in document order, in one directory.
 
 Python blocks run as scripts; shell lines that call `.venv/bin/microbatch` run
-as commands (paths under `jobs/` point at the repo). Lines that need the Kafka
-broker are left to tests/kafka, which runs the same job.
+as commands (paths under `jobs/` and `examples/` point at the repo). Lines that
+need the Kafka broker are left to tests/kafka, which runs the same job.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def test_readme_walkthrough_runs(tmp_path: Path) -> None:
             )
         else:
             args = [cli] + [
-                str(ROOT / a) if a.startswith("jobs/") else a.replace("/tmp/", f"{tmp_path}/")
+                str(ROOT / a)
+                if a.startswith(("jobs/", "examples/"))
+                else a.replace("/tmp/", f"{tmp_path}/")
                 for a in shlex.split(text)[1:]
             ]
             proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
