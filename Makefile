@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-latency bench-peers soak clean
+.PHONY: demo test lint bench bench-latency bench-stateful bench-peers soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ bench: $(STAMP)
 # The fraud job's detection latency through a real Kafka broker (starts its own).
 bench-latency: $(STAMP)
 	$(BIN)/python -m benchmarks.fraud_latency $(ARGS)
+
+# transform_with_state at 10k and 10M live keys against group_by (benchmarks/bench_stateful.py).
+bench-stateful: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_stateful $(ARGS)
 
 # This engine vs Spark Structured Streaming, Bytewax and Quix Streams on the same data
 # (benchmarks/compare.py). The peers live in their own venv: quixstreams pins an older
