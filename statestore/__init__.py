@@ -36,14 +36,26 @@ Design: **the cost of a batch follows the batch's size, not the state's.**
   the provider keeps the current version in memory so the steady state never
   reads disk (:mod:`statestore.files`, :mod:`statestore.provider`).
 
+For rows that are only ever combined when their time comes (partial
+aggregates of append-mode windows), ``layout="append"`` keeps an
+:class:`AppendBuffer` instead: appends without a key lookup, pops by time
+(:mod:`statestore.buffer`).
+
 Only ``to_frame``, ``evict``, snapshots and rebuilds are O(state), and say so.
 This package imports only polars, pyarrow, numpy and the standard library.
 """
 
 from __future__ import annotations
 
+from statestore.buffer import AppendBuffer
 from statestore.exceptions import StateCorruptError, StateStoreError
 from statestore.provider import StateStoreProvider
 from statestore.store import StateStore
 
-__all__ = ["StateCorruptError", "StateStore", "StateStoreError", "StateStoreProvider"]
+__all__ = [
+    "AppendBuffer",
+    "StateCorruptError",
+    "StateStore",
+    "StateStoreError",
+    "StateStoreProvider",
+]

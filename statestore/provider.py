@@ -27,12 +27,14 @@ from typing import Literal
 
 import polars as pl
 
+from statestore.buffer import AppendBuffer
 from statestore.exceptions import StateStoreError
 from statestore.files import VersionFiles, read_arrow, write_arrow
 from statestore.schema import StateSchema
 from statestore.store import StateStore
 
 Compression = Literal["zstd", "lz4", "uncompressed"]
+Layout = Literal["keyed", "append"]
 
 
 class StateStoreProvider:
@@ -59,6 +61,10 @@ class StateStoreProvider:
         batch's path, and lz4 writes about a third faster than zstd).
     max_changelog_chain, min_snapshot_bytes
         Snapshot policy (see the module docstring).
+    layout
+        ``"keyed"`` (default): a :class:`StateStore`, one row per key, from
+        :meth:`load`. ``"append"``: an :class:`~statestore.buffer.AppendBuffer`
+        (rows as appended, popped by ``time_column``), from :meth:`load_buffer`.
     added_values
         Value columns added to the schema after some versions were written: they
         read as nulls from older files (schema evolution by added nullable columns).
@@ -76,6 +82,7 @@ class StateStoreProvider:
         max_changelog_chain: int = 100,
         min_snapshot_bytes: int = 1 << 20,
         added_values: Sequence[str] = (),
+        layout: Layout = "keyed",
         _hash_bits: int = 64,
     ) -> None:
         if retention_versions < 1:
@@ -97,8 +104,13 @@ class StateStoreProvider:
         if unknown:
             raise StateStoreError(f"added_values {unknown} are not value columns")
         self._added = tuple(added_values)
+        if layout not in ("keyed", "append"):
+            raise StateStoreError(f"layout must be 'keyed' or 'append', got {layout!r}")
+        if layout == "append" and time_column is None:
+            raise StateStoreError("layout='append' needs a time_column (what pops rows)")
+        self.layout = layout
         self._files = VersionFiles(self.directory)
-        self._store: StateStore | None = None
+        self._store: StateStore | AppendBuffer | None = None
         # Snapshot policy, restored from the chain on every rebuild.
         self._snapshot_bytes = 0
         self._since_snapshot = 0
@@ -114,6 +126,22 @@ class StateStoreProvider:
         O(1) when the in-memory store is exactly that version; otherwise it is
         rebuilt from disk and the files of newer versions are deleted.
         """
+        if self.layout != "keyed":
+            raise StateStoreError("this provider keeps an append buffer: call load_buffer()")
+        store = self._load(version)
+        assert isinstance(store, StateStore)
+        return store
+
+    def load_buffer(self, version: int) -> AppendBuffer:
+        """The append buffer (``layout="append"``) holding committed ``version``;
+        costs as :meth:`load`."""
+        if self.layout != "append":
+            raise StateStoreError("this provider keeps a keyed store: call load()")
+        store = self._load(version)
+        assert isinstance(store, AppendBuffer)
+        return store
+
+    def _load(self, version: int) -> StateStore | AppendBuffer:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise StateStoreError(f"load({version!r}): the version must be an int >= 0")
         started = time.perf_counter()
@@ -129,7 +157,7 @@ class StateStoreProvider:
         store.begin_batch((time.perf_counter() - started) * 1000)
         return store
 
-    def _rebuild(self, version: int) -> StateStore:
+    def _rebuild(self, version: int) -> StateStore | AppendBuffer:
         files, schema = self._files, self.schema.polars_schema
         chain = files.chain(version)
         if chain.snapshot:
@@ -142,9 +170,13 @@ class StateStoreProvider:
             )
         else:
             frame = pl.DataFrame(schema=schema)
-        store = StateStore(
-            self, self.schema, version, hash_bits=self._hash_bits, expected_rows=frame.height
-        )
+        store: StateStore | AppendBuffer
+        if self.layout == "append":
+            store = AppendBuffer(self, self.schema, version)
+        else:
+            store = StateStore(
+                self, self.schema, version, hash_bits=self._hash_bits, expected_rows=frame.height
+            )
         store.load_rows(frame)
         del frame
         for v in chain.changelogs:

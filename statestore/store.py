@@ -8,7 +8,6 @@ the whole state, and they say so.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,7 @@ from statestore.hashindex import HashIndex, KeyEqual
 from statestore.rows import RowStore, unique_slots
 from statestore.schema import FOUND_COLUMN, OP_COLUMN, Parts, StateSchema
 from statestore.timeindex import TimeIndex
+from statestore.versioned import VersionedState
 
 _ROW = "__statestore_row"
 OP_UPSERT = 0
@@ -33,7 +33,7 @@ def _take(parts: Parts, pos: np.ndarray | None) -> Parts:
     return values[pos], None if valid is None else valid[pos]
 
 
-class StateStore:
+class StateStore(VersionedState):
     """The state as of ``version`` plus the changes staged since.
 
     Guarantees: mutations are visible to later calls before ``commit()``
@@ -51,9 +51,8 @@ class StateStore:
         hash_bits: int = 64,
         expected_rows: int = 0,
     ) -> None:
-        self._provider = provider
+        super().__init__(provider, version)
         self._schema = schema
-        self._version = version
         self._hash_bits = hash_bits
         self._mutations = 0
         self._last_lookup: tuple[int, np.ndarray, list[Parts], np.ndarray] | None = None
@@ -63,26 +62,14 @@ class StateStore:
         self._time_is_key = self._time_name in schema.key_names
         spec = schema.spec(self._time_name) if self._time_name else None
         self._time = TimeIndex(spec.np_dtype) if spec is not None else None
-        self._closed: str | None = None
         self._staged = False
         self._dirty: list[np.ndarray] = []
         self._deleted: list[pl.DataFrame] = []
         self._upserted = 0
         self._removed = 0
         self._baseline: dict[str, int] = {}
-        self._last: dict[str, Any] = {
-            "commit_ms": 0.0,
-            "load_ms": 0.0,
-            "changelog_bytes": 0,
-            "snapshot_written": False,
-        }
 
     # ----------------------------------------------------------------- reads
-
-    @property
-    def version(self) -> int:
-        """The committed version this store holds (plus any staged changes)."""
-        return self._version
 
     @property
     def num_rows(self) -> int:
@@ -191,45 +178,12 @@ class StateStore:
 
     # ------------------------------------------------------------ lifecycle
 
-    def commit(self) -> int:
-        """Durably write the staged changes as ``version + 1`` and return it.
+    def _has_staged(self) -> bool:
+        return self._staged
 
-        The store stays usable as that version. If writing fails the store is
-        closed (the changes are lost) and StateStoreError is raised; the caller
-        re-runs the batch from ``provider.load(version)``.
-        """
-        self._check_open()
-        started = time.perf_counter()
-        version = self._version + 1
-        try:
-            changelog_bytes, snapshot = self._provider.write_version(
-                self, version, self._changelog(), self.to_frame
-            )
-        except BaseException as exc:
-            self.close(f"its commit of version {version} failed ({exc!r})")
-            self._provider.release(self)
-            if isinstance(exc, OSError):
-                raise StateStoreError(
-                    f"commit of state version {version} in {self._provider.directory} failed: "
-                    f"{exc}. Load version {version - 1} and re-run the batch (a partly "
-                    f"written version {version} is then discarded)."
-                ) from exc
-            raise
-        self._version = version
+    def _committed(self) -> None:
         self._staged = False
         self._dirty, self._deleted = [], []
-        self._last.update(
-            commit_ms=(time.perf_counter() - started) * 1000,
-            changelog_bytes=changelog_bytes,
-            snapshot_written=snapshot,
-        )
-        return version
-
-    def abort(self) -> None:
-        """Discard staged changes and close this store; ``provider.load`` rebuilds from disk."""
-        if self._closed is None:
-            self.close("it was aborted")
-            self._provider.release(self)
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -274,26 +228,11 @@ class StateStore:
 
     # ------------------------------------------- called by the provider only
 
-    def holds_committed(self, version: int) -> bool:
-        """True when this store is exactly committed ``version``: open, nothing staged."""
-        return self._closed is None and not self._staged and self._version == version
-
     def begin_batch(self, load_ms: float) -> None:
         """Reset per-batch metrics (the provider, on each load)."""
+        super().begin_batch(load_ms)
         self._baseline = self._counters()
         self._upserted = self._removed = 0
-        self._last.update(load_ms=load_ms, commit_ms=0.0, changelog_bytes=0, snapshot_written=False)
-
-    def _check_open(self) -> None:
-        if self._closed is not None:
-            raise StateStoreError(
-                f"this StateStore (version {self._version}) can no longer be used because "
-                f"{self._closed}; call provider.load(version) for a fresh one"
-            )
-
-    def close(self, reason: str) -> None:
-        """Make every later call fail, saying ``reason`` (a newer load replaced it)."""
-        self._closed = reason
 
     def _sort_keys(self) -> list[str]:
         return [c.name for c in self._schema.keys if c.orderable and c.name != self._time_name]
