@@ -22,6 +22,15 @@ Each window row carries ``__expire_at`` (the store's time column: its end
 until first emitted, then end + L) and ``__rev`` (-1 until emitted), so both
 the first emission and the final eviction cost only the rows they touch.
 
+Append mode without allowed lateness keeps no keyed state at all: each
+batch's partials are appended to an :class:`~statestore.AppendBuffer` (no
+lookup, no upsert), and when the watermark closes windows their partial rows
+are popped and combined in one ``group_by`` (steps 4-5 become "append; pop
+and combine"). Every ``COMPACT_EVERY`` batches a buffer above
+``COMPACT_MIN_ROWS`` rows is combined in place, so long windows do not hold
+one partial row per batch. Checkpoints written before the buffer existed
+keep their keyed store (the layout is recorded with the state's schema).
+
 A plain ``group_by(keys, ttl=T)`` (no window) bounds its state by processing
 time instead: each key's row carries ``__expire_at`` = the recorded timestamp of
 the batch that last updated it + ``T``; each batch first removes the keys whose
@@ -32,7 +41,7 @@ afresh.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
@@ -55,8 +64,12 @@ from microbatch.plan.windows import WindowSpec, assign_windows
 from sinks.base import OutputMode
 
 if TYPE_CHECKING:
-    from statestore import StateStore, StateStoreProvider
+    from statestore import AppendBuffer, StateStore, StateStoreProvider
 
+COMPACT_EVERY = 16
+"""Batches between checks whether the append buffer should be combined in place."""
+COMPACT_MIN_ROWS = 200_000
+"""An append buffer at least this large is combined in place at the check."""
 WS = "__ws"
 EXPIRE = "__expire_at"
 REV = "__rev"
@@ -87,6 +100,8 @@ class WindowAggregate(SingleStoreOperator):
         self.state_dir: Path | None = None
         self.provider: StateStoreProvider | None = None
         self.store: StateStore | None = None
+        self.buffer: AppendBuffer | None = None
+        self.layout: Literal["keyed", "append"] = "keyed"
         self.out_time_dtype: pl.DataType | None = None
         self.key_schema: dict[str, pl.DataType] | None = None
         self.row_schema = pl.Schema()
@@ -139,12 +154,23 @@ class WindowAggregate(SingleStoreOperator):
         elif self.ttl_ms is not None:
             values[EXPIRE] = pl.Int64()
         out_dtype = df.schema[self.window.column] if self.window else None
-        return {"keys": keys, "values": values, "out_time": out_dtype}
+        layout = "append" if self._can_buffer() else "keyed"
+        return {"keys": keys, "values": values, "out_time": out_dtype, "layout": layout}
+
+    def _can_buffer(self) -> bool:
+        """Partials need no keyed state: each window is emitted once, when it closes."""
+        return (
+            self.window is not None
+            and self.output_mode == "append"
+            and not self.window.allowed_lateness_ms
+            and self.ttl_ms is None
+        )
 
     def _make_provider(self, schema: dict[str, Any]) -> None:
         self.key_schema = schema["keys"]
         self.out_time_dtype = schema["out_time"]
         self.row_schema = pl.Schema({**schema["keys"], **schema["values"]})
+        self.layout = schema["layout"]
         if self.state_dir is None:
             raise AssertionError("stateful operators need a checkpoint directory")
         from statestore import StateStoreProvider
@@ -154,18 +180,25 @@ class WindowAggregate(SingleStoreOperator):
             key_schema=schema["keys"],
             value_schema=schema["values"],
             time_column=EXPIRE if self.window is not None or self.ttl_ms is not None else None,
+            layout=self.layout,
         )
 
-    def _load(self, df: pl.DataFrame, batch_id: int) -> StateStore | None:
+    def _define(self, df: pl.DataFrame, batch_id: int) -> bool:
+        """Make the provider at the first batch with columns; check types later."""
         if self.provider is None:
             if df.width == 0:
-                return None
+                return False
             schema = self._state_schema(df)
             assert self.state_dir is not None
             _write_schema(self.state_dir / "schema.arrow", schema)
             self._make_provider(schema)
         elif df.width:
             self._check_types(df, batch_id)
+        return True
+
+    def _load(self, df: pl.DataFrame, batch_id: int) -> StateStore | None:
+        if not self._define(df, batch_id):
+            return None
         assert self.provider is not None
         self.store = self.provider.load(batch_id)
         return self.store
@@ -193,6 +226,20 @@ class WindowAggregate(SingleStoreOperator):
     def has_expirable_state(self, watermark_ms: int | None) -> bool:
         return self.window is not None and self.output_mode != "complete"
 
+    def commit(self) -> None:
+        if self.buffer is not None:
+            self.buffer.commit()
+        super().commit()
+
+    def abort(self) -> None:
+        if self.buffer is not None:
+            self.buffer.abort()
+            self.buffer = None
+        super().abort()
+
+    def metrics(self) -> dict[str, Any]:
+        return dict(self.buffer.metrics) if self.buffer is not None else super().metrics()
+
     def due(self, now_ms: int, watermark_ms: int | None) -> bool:
         if self.ttl_ms is None or self.store is None:
             return False
@@ -202,6 +249,8 @@ class WindowAggregate(SingleStoreOperator):
     # ------------------------------------------------------------ batch
 
     def process(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
+        if self.layout == "append" or (self.provider is None and self._can_buffer()):
+            return self._process_buffered(df, ctx)
         store = self._load(df, ctx.batch_id)
         if store is None:
             ctx.metrics[self.operator_id] = {}
@@ -233,6 +282,65 @@ class WindowAggregate(SingleStoreOperator):
             **({"expired_rows": expired} if self.ttl_ms is not None else {}),
         }
         return emitted
+
+    def _process_buffered(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
+        """Append mode: append the batch's partials, pop and combine the closed windows."""
+        if not self._define(df, ctx.batch_id):
+            ctx.metrics[self.operator_id] = {}
+            return pl.DataFrame()
+        assert self.provider is not None
+        assert self.window is not None
+        buffer = self.buffer = self.provider.load_buffer(ctx.batch_id)
+        wm = ctx.watermark_ms
+        late_count = 0
+        if df.width:
+            live, late = self._split_late(df, wm)
+            late_count = late.height
+            if late_count:
+                ctx.late_rows.append(late)
+            # NOTE: no maintain_order: the order of groups changes no result (a key has
+            # one partial row per batch, and the buffer keeps batches in arrival order)
+            partials = (
+                live.group_by(self._state_keys())
+                .agg([e for a in self.aggs for e in a.partials(df.schema)])
+                .with_columns(
+                    (pl.col(WS) + self.window.size_ms).alias(EXPIRE),
+                    pl.lit(-1, pl.Int64).alias(REV),
+                )
+                .pipe(collect)
+            )
+            buffer.append(partials)
+        closed = self._combine(buffer.pop_expired(wm)) if wm is not None else None
+        if ctx.batch_id % COMPACT_EVERY == 0 and buffer.num_rows >= COMPACT_MIN_ROWS:
+            buffer.replace(self._combine(buffer.to_frame()))
+        ctx.metrics[self.operator_id] = {
+            **buffer.metrics,
+            "late_rows": late_count,
+            "updated_keys": 0,
+        }
+        if closed is None:
+            return self._finalize(self.row_schema.to_frame())
+        return self._finalize(closed.sort([EXPIRE, *self._orderable_keys()]))
+
+    def _combine(self, partials: pl.DataFrame) -> pl.DataFrame:
+        """One row per (window, keys): the partial rows combined in arrival order."""
+        if partials.is_empty():
+            return partials
+        # NOTE: rechunked so that the sums run over one contiguous array however the
+        # rows were held: a replay from a snapshot gives bit-identical floats
+        merged = (
+            partials.rechunk()
+            .group_by(self._state_keys())
+            .agg(*[e for a in self.aggs for e in a.merges()], pl.col(EXPIRE).first(),
+                 pl.col(REV).first())
+        )
+        return merged.select(list(self.row_schema))
+
+    def _orderable_keys(self) -> list[str]:
+        return [
+            k for k in self.keys
+            if not isinstance(self.row_schema[k], pl.List | pl.Struct | pl.Array | pl.Object)
+        ]
 
     def _state_keys(self) -> list[str]:
         return ([WS] if self.window is not None else []) + self.keys
@@ -387,7 +495,12 @@ def _write_schema(path: Path, schema: dict[str, Any]) -> None:
     write_json_atomic(
         path.with_suffix(".json"),
         "state-schema",
-        {"keys": list(schema["keys"]), "values": list(schema["values"])},
+        {
+            "keys": list(schema["keys"]),
+            "values": list(schema["values"]),
+            # NOTE: only the append buffer is recorded; absent means a keyed store
+            **({"layout": "append"} if schema.get("layout") == "append" else {}),
+        },
     )
 
 
@@ -398,4 +511,6 @@ def _read_schema(path: Path) -> dict[str, Any]:
         "keys": {k: types[k] for k in names["keys"]},
         "values": {k: types[k] for k in names["values"]},
         "out_time": types.get("__out_time"),
+        # NOTE: checkpoints written before the append buffer existed keep a keyed store
+        "layout": names.get("layout", "keyed"),
     }

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from oracles import sessions, tumbling_or_hopping
 
 import microbatch as mb
+from microbatch.checkpoint.files import read_json
 from microbatch.testing import StreamTest
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -121,6 +122,15 @@ def to_output(oracle: pl.DataFrame, final_wm: int | None) -> pl.DataFrame:
     )
 
 
+def compact_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the append buffer combine its partials in place at every batch."""
+    from microbatch.operators import window_agg
+
+    monkeypatch.setattr(window_agg, "COMPACT_EVERY", 1)
+    monkeypatch.setattr(window_agg, "COMPACT_MIN_ROWS", 1)
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["buffer", "compacted"])
 @pytest.mark.parametrize(
     ("size", "slide"), [("1m", None), ("1m", "20s")], ids=["tumbling", "hopping"]
 )
@@ -128,7 +138,11 @@ def to_output(oracle: pl.DataFrame, final_wm: int | None) -> pl.DataFrame:
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(rows=events, cuts=st.lists(st.integers(0, 60), max_size=8))
-def test_window_split_invariance(tmp_path_factory, size, slide, rows, cuts) -> None:
+def test_window_split_invariance(  # noqa: PLR0917
+    tmp_path_factory, monkeypatch, compact, size, slide, rows, cuts
+) -> None:
+    if compact:
+        compact_every_batch(monkeypatch)
     spec = mb.window("ts", size, slide=slide)
 
     def build(src):
@@ -224,20 +238,76 @@ def test_tumbling_example_and_late_side_output(tmp_path: Path) -> None:
     test.close()
 
 
-def test_restart_in_the_middle_gives_identical_output(tmp_path: Path) -> None:
+@pytest.mark.parametrize("upgrade", [False, True], ids=["same-engine", "keyed-then-upgrade"])
+def test_restart_in_the_middle_gives_identical_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upgrade: bool
+) -> None:
+    """With ``upgrade``, the first half runs as engines before the append buffer
+    did (a keyed store): after the restart the checkpoint keeps its keyed store
+    and gives the same output."""
+    from microbatch.operators.window_agg import WindowAggregate
+
     def build(s):
         return s.with_watermark("ts", "20s").group_by(mb.window("ts", "1m"), "k").agg(*AGGS)
 
     rows = [(i % 3, i * 7_000, i) for i in range(60)]
     straight = run_split(build, rows, [10, 25, 40], tmp_path / "a")
-    test = StreamTest(build, schema=SCHEMA, checkpoint=tmp_path / "b")
-    for lo, hi in [(0, 10), (10, 25)]:
-        test.add(frame(rows[lo:hi])).process()
-    test.restart()
+    with monkeypatch.context() as m:
+        if upgrade:
+            m.setattr(WindowAggregate, "_can_buffer", lambda self: False)
+        test = StreamTest(build, schema=SCHEMA, checkpoint=tmp_path / "b")
+        for lo, hi in [(0, 10), (10, 25)]:
+            test.add(frame(rows[lo:hi])).process()
+        test.restart()
     for lo, hi in [(25, 40), (40, 60)]:
         test.add(frame(rows[lo:hi])).process()
     assert test.output.equals(straight.output)
     assert test.output.height > 0
+    layouts = [
+        read_json(p, "state-schema").get("layout", "keyed")
+        for p in (tmp_path / "b").rglob("schema.json")
+    ]
+    assert layouts == ["keyed" if upgrade else "append"]
+    straight.close()
+    test.close()
+
+
+FLOAT_SCHEMA = {"ts": pl.Datetime("ms", "UTC"), "k": pl.Int64, "v": pl.Float64}
+
+
+def float_rows(lo: int, hi: int) -> pl.DataFrame:
+    """Values whose float sums depend on the order of addition."""
+    i = pl.int_range(lo, hi, eager=True)
+    return pl.DataFrame({
+        "ts": [T0 + timedelta(milliseconds=int(x) * 3_000) for x in i],
+        "k": i % 4,
+        "v": (i * 0.1 + 1e9 * (i % 3 == 0)).cast(pl.Float64) / 7.0,
+    }, schema=FLOAT_SCHEMA)
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["buffer", "compacted"])
+def test_restart_with_float_sums_is_bit_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compact: bool
+) -> None:
+    """A restart rebuilds the append buffer from its files (snapshots and
+    changelogs): the combined float sums must come out bit for bit the same."""
+    if compact:
+        compact_every_batch(monkeypatch)
+
+    def build(s):
+        return (s.with_watermark("ts", "20s").group_by(mb.window("ts", "10m"), "k")
+                .agg(pl.col("v").sum().alias("total"), pl.col("v").mean().alias("avg")))
+
+    cuts = [(0, 40), (40, 90), (90, 150), (150, 230), (230, 400)]
+    straight = StreamTest(build, schema=FLOAT_SCHEMA, checkpoint=tmp_path / "a")
+    for lo, hi in cuts:
+        straight.add(float_rows(lo, hi)).process()
+    test = StreamTest(build, schema=FLOAT_SCHEMA, checkpoint=tmp_path / "b")
+    for lo, hi in cuts:
+        test.add(float_rows(lo, hi)).process()
+        test.restart()
+    assert test.output.height > 0
+    assert test.output.equals(straight.output)
     straight.close()
     test.close()
 
