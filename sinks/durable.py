@@ -17,10 +17,12 @@ the docstring is identical; ``tests/test_structure.py`` checks it).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["fsync_dir", "fsync_file", "write_atomic", "write_with"]
+__all__ = ["fsync_dir", "fsync_file", "without_fsync", "write_atomic", "write_with"]
 
 TMP_SUFFIX = ".tmp"
 """Temp files are ``.<name>.<pid>.tmp`` next to their target: a reader ignores them."""
@@ -31,8 +33,33 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
 
 
+_thread = threading.local()
+
+
+@contextmanager
+def without_fsync() -> Iterator[None]:
+    """In the calling thread, skip every fsync of this module until the block ends.
+
+    Writes stay atomic (temp file + rename), so they survive the process
+    crashing (the kernel keeps the page cache), but not the machine crashing or
+    losing power. Per thread, so one query's choice never weakens another's.
+    """
+    before = getattr(_thread, "skip", False)
+    _thread.skip = True
+    try:
+        yield
+    finally:
+        _thread.skip = before
+
+
+def _fsync_wanted() -> bool:
+    return not getattr(_thread, "skip", False)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a create, rename or unlink inside directory ``path`` durable."""
+    if not _fsync_wanted():
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -62,7 +89,7 @@ def write_atomic(
                 written += len(view)
                 while view:
                     view = view[os.write(fd, view) :]
-            if durable:
+            if durable and _fsync_wanted():
                 os.fsync(fd)
         finally:
             os.close(fd)

@@ -11,6 +11,7 @@ from typing import Any, get_args
 
 from microbatch.api.query import StreamingQuery
 from microbatch.checkpoint import Checkpoint
+from microbatch.engine.durability import DURABILITY_LEVELS, Durability
 from microbatch.engine.execution import MicroBatchExecution
 from microbatch.exceptions import PlanError
 from microbatch.observability.latency import LatencyProbe, latency_columns
@@ -72,6 +73,7 @@ class DataStreamWriter:
         retention: int = 100,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        durability: Durability = "fsync",
     ) -> StreamingQuery:
         """Start the query in a background thread and return its handle.
 
@@ -103,6 +105,12 @@ class DataStreamWriter:
             (``0`` picks a free port: see ``query.metrics_url``).
         metrics_host
             The interface the metrics server binds to.
+        durability
+            ``"fsync"`` (default): a committed batch survives a power loss.
+            ``"process"``: the same atomic writes without fsyncs; a committed
+            batch survives the process crashing or being killed, not the
+            machine (see :mod:`microbatch.engine.durability`). For tiny batches
+            on slow disks.
 
         Returns
         -------
@@ -112,8 +120,8 @@ class DataStreamWriter:
         Raises
         ------
         PlanError
-            When ``retention`` is below 1 (:class:`~microbatch.TriggerError` for an
-            unknown trigger).
+            When ``retention`` is below 1 or ``durability`` is unknown
+            (:class:`~microbatch.TriggerError` for an unknown trigger).
         CheckpointError
             At once when the checkpoint is unusable: locked by a running query
             (:class:`~microbatch.CheckpointLockedError`), written by a different job
@@ -148,6 +156,11 @@ class DataStreamWriter:
         """
         if retention < 1:
             raise PlanError(f"retention must be at least 1 batch, got {retention}")
+        if durability not in DURABILITY_LEVELS:
+            raise PlanError(
+                f"durability must be one of {', '.join(map(repr, DURABILITY_LEVELS))}, "
+                f"got {durability!r}"
+            )
         root = (
             Path(checkpoint)
             if checkpoint is not None
@@ -165,6 +178,7 @@ class DataStreamWriter:
             key_columns=tuple(output_keys(self.plan)),
             retention=retention,
             name=name,
+            durability=durability,
         )
         return StreamingQuery(execution, name=name)._start(
             metrics_port=metrics_port, metrics_host=metrics_host

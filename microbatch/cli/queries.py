@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import time
+from enum import StrEnum
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -26,6 +27,7 @@ from microbatch.cli.display import (
     err,
     out,
 )
+from microbatch.engine.durability import Durability
 from microbatch.exceptions import QueryTerminatedError
 from microbatch.plan.triggers import Trigger, parse_trigger
 
@@ -43,6 +45,13 @@ def _latest_progress_id(checkpoint: Path) -> int:
     except OSError:
         return -1
     return max((int(n) for n in names if n.isdigit()), default=-1)
+
+
+class DurabilityOption(StrEnum):
+    """``--durability`` choices (see :mod:`microbatch.engine.durability`)."""
+
+    fsync = "fsync"
+    process = "process"
 
 
 class StopOnSignal:
@@ -109,6 +118,7 @@ def _run_query(
     seconds: float = 0,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    durability: Durability = "fsync",
 ) -> tuple[StreamingQuery, RunStats, QueryTerminatedError | None]:
     """Start ``writer`` and follow it until it ends.
 
@@ -119,7 +129,7 @@ def _run_query(
     """
     baseline = _latest_progress_id(checkpoint)
     query = writer.start(checkpoint, trigger, name=name, metrics_port=metrics_port,
-                         metrics_host=metrics_host)
+                         metrics_host=metrics_host, durability=durability)
     stopper.attach(query)
     if query.metrics_url:
         display.note(f"serving Prometheus metrics on {query.metrics_url}")
@@ -200,6 +210,10 @@ def run(
     metrics_host: Annotated[str, typer.Option(
         metavar="HOST", help="Address the metrics are served on (0.0.0.0: every "
                              "interface).")] = "127.0.0.1",
+    durability: Annotated[DurabilityOption, typer.Option(
+        help="fsync: a committed batch survives a power loss. process: the same atomic "
+             "writes without fsyncs; survives the process crashing, not the machine "
+             "(for tiny batches on slow disks).")] = DurabilityOption.fsync,
 ) -> None:
     """Run a job file until its trigger ends or SIGINT/SIGTERM stops it."""
     from microbatch.cli.jobfile import build_writer
@@ -213,7 +227,8 @@ def run(
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name=name, stopper=stopper, display=display,
                                              metrics_port=metrics_port,
-                                             metrics_host=metrics_host)
+                                             metrics_host=metrics_host,
+                                             durability=durability.value)
     except user_errors() as exc:
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:

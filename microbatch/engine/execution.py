@@ -43,6 +43,7 @@ from typing import Any
 import polars as pl
 
 from microbatch.checkpoint import Checkpoint, CommitEntry, OffsetEntry
+from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.executor import BatchExecutor, input_frame
 from microbatch.engine.faults import fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
@@ -140,8 +141,10 @@ class MicroBatchExecution:
         retention: int = 100,
         clock: Callable[[], float] = time.time,
         name: str | None = None,
+        durability: Durability = "fsync",
     ) -> None:
         self.plan = plan
+        self.durability = durability
         self.sink = sink
         self.output_mode = output_mode
         self.checkpoint = checkpoint
@@ -177,7 +180,12 @@ class MicroBatchExecution:
     # ------------------------------------------------------------------ setup
 
     def open(self) -> None:
-        """Create/lock the checkpoint, open sources and sinks, recover."""
+        """Create/lock the checkpoint, open sources and sinks, recover (at the
+        query's durability level, like its batches)."""
+        with durability_level(self.durability):
+            self._open()
+
+    def _open(self) -> None:
         meta = self.checkpoint.create_or_open()
         self.checkpoint.lock()
         try:
@@ -545,7 +553,8 @@ class MicroBatchExecution:
     def run(self) -> None:
         """Run batches as the trigger's loop says, until it ends or stop is asked."""
         self.status_message = "running"
-        self.loop.run(self)
+        with durability_level(self.durability):
+            self.loop.run(self)
 
     # the BatchRunner protocol of microbatch.engine.trigger_loops
 

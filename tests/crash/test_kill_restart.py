@@ -28,7 +28,7 @@ JOB = ROOT / "jobs" / "generated_to_parquet.py"
 ROWS, CAP = 1_200_000, 2_000
 
 
-def command(chk: Path, out: Path) -> list[str]:
+def command(chk: Path, out: Path, durability: str = "fsync") -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -45,6 +45,8 @@ def command(chk: Path, out: Path) -> list[str]:
         f"rows={ROWS}",
         "--param",
         f"max_records_per_batch={CAP}",
+        "--durability",
+        durability,
     ]
 
 
@@ -108,17 +110,23 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     assert_exact(out)
 
 
+@pytest.mark.parametrize("durability", ["fsync", "process"])
 @pytest.mark.parametrize(
     "point",
     ["after_write_ahead", "after_execute", "sink.after_data", "after_sink", "after_commit"],
 )
-def test_self_kill_at_named_point_then_restart(tmp_path: Path, point: str) -> None:
+def test_self_kill_at_named_point_then_restart(
+    tmp_path: Path, point: str, durability: str
+) -> None:
+    """``durability="process"`` skips the fsyncs: a killed process must still
+    leave a checkpoint that restarts exactly (the kernel keeps the writes)."""
     chk, out = tmp_path / "chk", tmp_path / "out"
+    run = command(chk, out, durability)
     env = {**os.environ, "MICROBATCH_FAULT": f"{point}@2"}
-    first = subprocess.run(command(chk, out), env=env, capture_output=True, timeout=120, cwd=ROOT)
+    first = subprocess.run(run, env=env, capture_output=True, timeout=120, cwd=ROOT)
     assert first.returncode == -signal.SIGKILL
     env.pop("MICROBATCH_FAULT")
-    second = subprocess.run(command(chk, out), env=env, capture_output=True, timeout=120, cwd=ROOT)
+    second = subprocess.run(run, env=env, capture_output=True, timeout=120, cwd=ROOT)
     assert second.returncode == 0, second.stderr.decode()
     assert_exact(out)
     assert (chk / "commits" / str(ROWS // CAP - 1)).exists()

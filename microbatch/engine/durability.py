@@ -1,0 +1,41 @@
+"""Durability levels of a query's writes: what a committed batch survives.
+
+- ``"fsync"`` (the default): every checkpoint, state and sink file is
+  fsync'ed (and its directory) before the batch counts as committed: a
+  committed batch survives the process, the machine or the power failing.
+- ``"process"``: the same writes, in the same order, each still atomic (temp
+  file + rename), without the fsyncs. A committed batch survives the process
+  crashing or being killed (the kernel still holds the data), not the machine
+  crashing or losing power: after an OS crash, a checkpoint may be missing its
+  newest entries or hold torn files (the next start then reports a damaged
+  checkpoint rather than guessing). Worth it for tiny batches on slow disks,
+  where the fsyncs are most of a batch's cost.
+
+Only the query's own thread skips fsyncs: other queries in the same process
+keep their level. Sinks that write through their own libraries (Delta Lake,
+Kafka) keep their own durability.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Literal
+
+import sinks.durable
+import statestore.durable
+
+__all__ = ["DURABILITY_LEVELS", "Durability", "durability_level"]
+
+Durability = Literal["fsync", "process"]
+DURABILITY_LEVELS: tuple[Durability, ...] = ("fsync", "process")
+
+
+@contextmanager
+def durability_level(level: Durability) -> Iterator[None]:
+    """Run the block (the query's batches) at ``level`` in the calling thread."""
+    with ExitStack() as stack:
+        if level == "process":
+            stack.enter_context(statestore.durable.without_fsync())
+            stack.enter_context(sinks.durable.without_fsync())
+        yield
