@@ -66,12 +66,14 @@ class QueryRun:
         }
 
 
-def run_available_now(stream: Any, out: Path, checkpoint: Path, *, batches_hint: int) -> QueryRun:
+def run_available_now(stream: Any, out: Path, checkpoint: Path, *, batches_hint: int,
+                      durability: str = "fsync") -> QueryRun:
     """Run ``stream`` into a timed Parquet sink until all input is processed."""
     sink = TimedParquetSink(out)
     writer = stream.write_to(sink)
     t0 = time.perf_counter()
-    query = writer.start(str(checkpoint), trigger="available-now", retention=batches_hint + 100)
+    query = writer.start(str(checkpoint), trigger="available-now", retention=batches_hint + 100,
+                         durability=durability)
     query.await_termination()
     wall = time.perf_counter() - t0
     return QueryRun(wall_s=wall, progress=query.recent_progress, sink_stamps=sink.stamps,
