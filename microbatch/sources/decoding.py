@@ -64,6 +64,8 @@ def conform(frame: pl.DataFrame, schema: pl.Schema) -> tuple[pl.DataFrame, pl.Se
     first column whose non-null value could not be converted), null when the
     row is good. Missing columns are null; extra columns are dropped.
     """
+    if frame.schema == schema:  # nothing to convert, so nothing can fail
+        return frame, _no_reasons(frame.height)
     columns: list[pl.Series] = []
     reasons: list[pl.Series] = []
     for name, dtype in schema.items():
@@ -73,6 +75,8 @@ def conform(frame: pl.DataFrame, schema: pl.Schema) -> tuple[pl.DataFrame, pl.Se
         source = frame.get_column(name)
         converted = convert(source, dtype).alias(name)
         columns.append(converted)
+        if source.dtype == dtype:
+            continue
         failed = source.is_not_null() & converted.is_null()
         if failed.any():
             shown = source.cast(pl.String, strict=False).str.slice(0, VALUE_LIMIT)
@@ -90,9 +94,13 @@ def conform(frame: pl.DataFrame, schema: pl.Schema) -> tuple[pl.DataFrame, pl.Se
             reasons.append(text)
     out = pl.DataFrame(columns) if columns else schema.to_frame()
     if not reasons:
-        return out, pl.Series("reason", [None] * frame.height, dtype=pl.String)
+        return out, _no_reasons(frame.height)
     first = pl.select(pl.coalesce([pl.lit(r) for r in reasons])).to_series().alias("reason")
     return out, first
+
+
+def _no_reasons(n: int) -> pl.Series:
+    return pl.repeat(None, n, dtype=pl.String, eager=True).alias("reason")
 
 
 def convert(series: pl.Series, dtype: pl.DataType) -> pl.Series:
