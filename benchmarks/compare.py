@@ -1,21 +1,43 @@
-"""``python -m benchmarks.compare [WORKLOAD ...] [--quick] [--install] [--engines ...]``
-(also ``python -m benchmarks compare ...``).
+"""``python -m benchmarks.compare [WORKLOAD ...] [--quick] [--install] [--engines ...]
+[--data DIR] [--spark-default-partitions]`` (also ``python -m benchmarks compare ...``).
 
 Runs the same workloads, on the same generated data, on this engine, on
-Spark Structured Streaming (PySpark, ``local[2]``), Bytewax and Quix Streams
-(over a local Kafka broker started with ``scripts/kafka``, which also serves
-Q5, where every engine reads one 3-partition topic), and on the one-shot
-Polars computation of the same result (the limit); one engine run per fresh
-process, interleaved, repeated (median of 3 and spread; ``--quick``: 1 run).
-Peak memory is the resident set of the engine's whole process tree (JVM
-included), sampled every 50 ms. Outputs are checked against this engine's
-(:mod:`benchmarks.compare_check`).
+Spark Structured Streaming (PySpark, ``local[2]``, 2 shuffle partitions),
+Bytewax and Quix Streams (over a local Kafka broker started with
+``scripts/kafka``, which also serves Q5, where every engine reads one
+3-partition topic), and on the one-shot Polars computation of the same
+result (the limit). Each engine runs in a fresh process, interleaved,
+repeated (median of 3 and spread; ``--quick``: 1 process), and every process
+runs the workload twice (:mod:`benchmarks.compare_engines`): **cold**, the
+first run in the fresh process (imports, first calls and the JVM's JIT
+included), then **warm**, the same workload again in the same process (Spark:
+the same SparkSession and JVM). The report shows both; every ratio uses the
+warm figures. Peak memory is the resident set of the engine's whole process
+tree (JVM included) over both runs, sampled every 50 ms. Outputs of the warm
+runs are checked against this engine's (:mod:`benchmarks.compare_check`), and
+each engine's cold output against its warm one.
 
-Durations on the 2-core machine: ``--quick`` ~35 min (Quix's session windows
-alone time out, at 10 min); ``--quick --reps 3 --record-reps 1`` ~1 h; the
-full run over 2 h for every workload (Spark and the per-record peers take
-10-20 min per run on Q2 and Q3), ~15 min for ``q1-small q1-large`` without
-the per-record peers.
+``--data DIR`` runs the event workloads (Q1-Q3, Q5) on ``DIR`` instead of the
+generated data, e.g. ``python -m benchmarks.compare q1-small q1-large --data
+DIR``: a directory of Parquet files with the generator's columns
+(``event_id``, ``card_id`` int64, ``merchant`` string, ``amount`` float64,
+``event_time`` datetime in ms or us, UTC), read in file-name order (when their
+modification times do not follow their names, a copy whose do is made under
+``benchmarks/.data/staged``, since the file sources of this engine and Spark
+admit files by modification time). Rows per batch = rows per file (the mean,
+from the Parquet metadata) times files per batch (q1-small: 1, q1-large: 10); Q4
+keeps its generated 1,000-row files. ``--spark-default-partitions`` also runs
+Spark with its default 200 shuffle partitions (engine ``spark-200p``).
+
+Durations on the 2-core machine when each process ran the workload once
+(now it runs it twice: count on up to twice as long): ``--quick`` ~35 min
+(Quix's session windows alone time out, at 10 min); ``--quick --reps 3
+--record-reps 1`` ~1 h; the full run over 2 h for every workload (Spark and
+the per-record peers take 10-20 min per run on Q2 and Q3), ~15 min for
+``q1-small q1-large`` without the per-record peers. With cold and warm runs,
+``q1-small q1-large q4 --quick --engines microbatch spark bytewax
+polars-oneshot`` took 10.5 min with other work loading the machine (1-minute
+load 4-7).
 
 Writes ``benchmarks/results/compare/<quick|full>/compare.md``, ``compare.json``
 and ``compare.png``. A peer that cannot be installed or run here is skipped
@@ -29,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
@@ -47,7 +70,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import data
-from benchmarks.compare_engines import ENGINES, WORKLOADS, Spec
+from benchmarks.compare_engines import (
+    ALL_ENGINES,
+    ENGINES,
+    PHASES,
+    SPARK_CONF,
+    SPARK_DEFAULT_PARTITIONS,
+    SPARK_DEFAULT_SHUFFLE_PARTITIONS,
+    WORKLOADS,
+    Spec,
+    base_engine,
+)
+from benchmarks.compare_summary import HEADLINE, measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "compare"
@@ -71,6 +105,8 @@ LABELS = {
     "microbatch-noop": ("microbatch (this engine)", "noop"),
     "spark": ("Spark Structured Streaming", "parquet"),
     "spark-noop": ("Spark Structured Streaming", "noop"),
+    SPARK_DEFAULT_PARTITIONS: (f"Spark SS, {SPARK_DEFAULT_SHUFFLE_PARTITIONS} shuffle "
+                               "partitions (its default)", "parquet"),
     "bytewax": ("Bytewax", "list → parquet"),
     "quix": ("Quix Streams (Kafka)", "list → parquet"),
 }
@@ -176,7 +212,7 @@ def probe_peers(wanted: list[str], install_failures: dict[str, str]) -> dict[str
     """Peer engine -> why it is skipped (only the skipped ones)."""
     skipped: dict[str, str] = {}
     for engine in wanted:
-        base = engine.removesuffix("-noop")
+        base = base_engine(engine)
         module = PEERS.get(base)
         if module is None:
             continue
@@ -268,7 +304,7 @@ class Broker:
                            capture_output=True, timeout=120, check=False,
                            env={**os.environ, "MICROBATCH_PYTHON": sys.executable})
 
-    def topic_for(self, ds: data.Dataset, partitions: int = 1) -> str:
+    def topic_for(self, ds: data.EventFiles, partitions: int = 1) -> str:
         """A topic of ``partitions`` partitions with ``ds``'s rows in arrival order
         within each partition (made once; kept across runs of the runner)."""
         name = f"compare-{ds.path.name}-p{partitions}"
@@ -298,7 +334,7 @@ def _topic_size(bootstrap: str, topic: str) -> tuple[int, int] | None:
         consumer.close()
 
 
-def _produce(bootstrap: str, topic: str, ds: data.Dataset, partitions: int) -> None:
+def _produce(bootstrap: str, topic: str, ds: data.EventFiles, partitions: int) -> None:
     """Key = card id, value = JSON row, timestamp = event time; file order; partition =
     card id mod ``partitions`` (so each card's rows stay in one ordered partition)."""
     import polars as pl
@@ -346,7 +382,7 @@ def _produce(bootstrap: str, topic: str, ds: data.Dataset, partitions: int) -> N
 
 @dataclass
 class Cell:
-    """All repetitions of one engine on one workload."""
+    """All repetitions of one engine on one workload (each a cold and a warm run)."""
 
     engine: str
     workload: str
@@ -355,13 +391,24 @@ class Cell:
     check: str = ""
     check_detail: list[str] = field(default_factory=list)
 
-    @property
-    def rates(self) -> list[float]:
-        return [r["input_rows"] / r["wall_s"] for r in self.runs if r.get("wall_s")]
+    def rates(self, phase: str = HEADLINE) -> list[float]:
+        """Events/s of each repetition's ``phase`` run."""
+        from benchmarks.compare_summary import rates
 
-    @property
-    def rate(self) -> float:
-        return statistics.median(self.rates) if self.rates else math.nan
+        return rates({"runs": self.runs}, phase)
+
+    def rate(self, phase: str = HEADLINE) -> float:
+        """Median events/s of the ``phase`` runs (NaN when none)."""
+        found = self.rates(phase)
+        return statistics.median(found) if found else math.nan
+
+    def first(self, phase: str = HEADLINE) -> dict[str, Any] | None:
+        """The first repetition's ``phase`` run (checks and profiles use it)."""
+        return measurement(self.runs[0], phase) if self.runs else None
+
+    def checked(self) -> dict[str, Any] | None:
+        """The run whose output is checked: the first warm one, else the cold one."""
+        return self.first("warm") or self.first("cold")
 
     @property
     def peak_mb(self) -> float:
@@ -370,44 +417,67 @@ class Cell:
 
 def run_one(engine: str, spec: Spec, quick: bool, rep: int, *, timeout_s: float,
             topic: str | None, bootstrap: str | None) -> dict[str, Any]:
-    """One engine run in a fresh process, its tree's RSS sampled; raises on failure."""
+    """One worker process, its cold and warm runs (``timeout_s`` each), its tree's RSS
+    sampled. Raises when not even the cold run finished; a warm run that did not
+    leaves the cold one and ``warm_error``."""
     workdir = SCRATCH / spec.name / f"{engine}-r{rep}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     result_file = workdir / "result.json"
+    log = (workdir / "stderr.log").open("w")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(worker_command(engine, spec, quick, workdir, result_file,
+                                           topic=topic, bootstrap=bootstrap),
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    sampler = TreeSampler(proc.pid)
+    limit = timeout_s * len(PHASES)
+    failure = None
+    try:
+        code = proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)
+        code = proc.wait()
+        rows = spec.dataset(quick).rows
+        failure = (f"timed out after {limit:.0f} s for the cold and warm runs "
+                   f"(< {rows / limit:,.0f} events/s on {rows:,} events)")
+    finally:
+        log.close()
+    peak = sampler.stop()
+    if failure is None and code != 0:
+        failure = f"exit code {code}: {_log_tail(workdir / 'stderr.log')}"
+    measured = json.loads(result_file.read_text()) if result_file.exists() else {}
+    if "cold" not in measured:
+        raise RuntimeError(failure or f"no result written (log: {workdir / 'stderr.log'})")
+    result: dict[str, Any] = {
+        phase: {**m, "output_file": str(workdir / phase / "result.parquet")}
+        for phase, m in measured.items()}
+    result["peak_tree_rss_mb"] = peak
+    result["process_s"] = time.perf_counter() - t0
+    result["load_avg_1m"] = os.getloadavg()[0]
+    if "warm" not in measured:
+        result["warm_error"] = failure or "no warm result written"
+    return result
+
+
+def worker_command(engine: str, spec: Spec, quick: bool, workdir: Path, result_file: Path,
+                   *, topic: str | None, bootstrap: str | None) -> list[str]:
+    """The command line of the worker process (:mod:`benchmarks.compare_engines`)."""
     cmd = [sys.executable, "-m", "benchmarks.compare_engines", engine, spec.name, str(workdir),
            str(result_file)]
     if quick:
         cmd.append("--quick")
     if topic and bootstrap:
         cmd += ["--bootstrap", bootstrap, "--topic", topic]
-    log = (workdir / "stderr.log").open("w")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    sampler = TreeSampler(proc.pid)
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)
-        proc.wait()
-        sampler.stop()
-        rows = spec.dataset(quick).rows
-        raise RuntimeError(f"timed out after {timeout_s:.0f} s (< {rows / timeout_s:,.0f} "
-                           f"events/s on {rows:,} events)") from None
-    finally:
-        log.close()
-    peak = sampler.stop()
-    if code != 0 or not result_file.exists():
-        text = (workdir / "stderr.log").read_text(errors="replace")
-        lines = [ln for ln in text.strip().splitlines() if ln.strip() and "WARN" not in ln]
-        raise RuntimeError(f"exit code {code}: {lines[-1][:300] if lines else 'no output'} "
-                           f"(log: {workdir / 'stderr.log'})")
-    result: dict[str, Any] = json.loads(result_file.read_text())
-    result["peak_tree_rss_mb"] = peak
-    result["process_s"] = time.perf_counter() - t0
-    result["load_avg_1m"] = os.getloadavg()[0]
-    result["output_file"] = str(workdir / "result.parquet")
-    return result
+    if spec.data_dir is not None:
+        cmd += ["--data", str(spec.data_dir)]
+    return cmd
+
+
+def _log_tail(path: Path) -> str:
+    """The last meaningful line of a worker's log, and where the log is."""
+    text = path.read_text(errors="replace")
+    lines = [ln for ln in text.strip().splitlines() if ln.strip() and "WARN" not in ln]
+    return f"{lines[-1][:300] if lines else 'no output'} (log: {path})"
 
 
 def _kill_tree(pid: int) -> None:
@@ -431,38 +501,43 @@ def _kill_tree(pid: int) -> None:
 
 
 def check_cells(spec: Spec, quick: bool, cells: dict[str, Cell]) -> None:
-    """Fill each cell's ``check``: ours vs the simulated reference, peers vs ours."""
+    """Fill each cell's ``check`` from the warm runs (a cell without one: its cold run):
+    ours vs the simulated reference, peers vs ours; then each cell's cold output
+    against its warm output."""
     from benchmarks import compare_check as cc
 
     ours = cells.get("microbatch")
-    ours_out = cc.load(Path(ours.runs[0]["output_file"])) if ours and ours.runs else None
+    ours_run = ours.checked() if ours else None
+    ours_out = cc.load(Path(ours_run["output_file"])) if ours_run else None
     limit = cells.get("polars-oneshot")
-    all_rows = (cc.load(Path(limit.runs[0]["output_file"])) if limit and limit.runs else None)
-    final_wm = cc.final_watermark(ours.runs[0]) if ours and ours.runs else None
-    if ours and ours.runs and spec.kafka_partitions:
+    limit_run = limit.checked() if limit else None
+    all_rows = cc.load(Path(limit_run["output_file"])) if limit_run else None
+    final_wm = cc.final_watermark(ours_run) if ours_run else None
+    if ours and ours_run and spec.kafka_partitions:
         if all_rows is None or ours_out is None:
             ours.check = "not checked: Q5 is checked against the polars-oneshot run"
         else:
             verdict, detail = cc.check_against_all(ours_out, all_rows, final_wm or 0,
-                                                   int(ours.runs[0].get("late_rows") or 0))
+                                                   int(ours_run.get("late_rows") or 0))
             ours.check, ours.check_detail = f"vs one-shot: {verdict}", detail
-    elif ours and ours.runs and spec.windowed:
+    elif ours and ours_run and spec.windowed:
         try:
             from benchmarks import windowed
             from benchmarks.compare_engines import _oneshot_case
 
             verdict, detail = windowed.check(_oneshot_case(spec), spec.dataset(quick),
-                                             ours.runs[0])
+                                             ours_run)
             ours.check, ours.check_detail = f"vs simulated reference: {verdict}", detail
         except Exception as exc:
             ours.check = f"check failed: {type(exc).__name__}: {exc}"
-    if ours_out is not None and all_rows is not None and not spec.windowed:
+    if ours and ours_out is not None and all_rows is not None and not spec.windowed:
         verdict, _counts = cc.compare_rows(all_rows, ours_out)
         ours.check = f"vs one-shot: {verdict}"
     for engine, cell in cells.items():
-        if not cell.runs or engine == "microbatch":
+        peer_run = cell.checked()
+        if peer_run is None or engine == "microbatch":
             continue
-        peer_out = cc.load(Path(cell.runs[0]["output_file"]))
+        peer_out = cc.load(Path(peer_run["output_file"]))
         if peer_out is None:
             cell.check = "noop sink: rate only"
             continue
@@ -480,15 +555,41 @@ def check_cells(spec: Spec, quick: bool, cells: dict[str, Cell]) -> None:
                 verdict, detail, counts = cc.compare_windows(
                     ours_out, peer_out, all_rows if all_rows is not None else ours_out, final_wm)
                 cell.check, cell.check_detail = verdict, detail
-                cell.runs[0]["check_counts"] = counts
-                if (engine == "spark" and spec.query in ("q1", "q2") and final_wm is not None
-                        and not spec.kafka_partitions):
+                peer_run["check_counts"] = counts
+                if (base_engine(engine) == "spark" and spec.query in ("q1", "q2")
+                        and final_wm is not None and not spec.kafka_partitions):
                     cell.check += "; " + _spark_rule_check(spec, quick, peer_out, final_wm)
             else:
                 cell.check, counts = cc.compare_rows(ours_out, peer_out)
-                cell.runs[0]["check_counts"] = counts
+                peer_run["check_counts"] = counts
         except Exception as exc:
             cell.check = f"check failed: {type(exc).__name__}: {exc}"
+    for cell in cells.values():
+        consistency = _cold_vs_warm(spec, cell)
+        if consistency:
+            cell.check = f"{cell.check}; {consistency}" if cell.check else consistency
+
+
+def _cold_vs_warm(spec: Spec, cell: Cell) -> str:
+    """Whether the first repetition's cold run wrote the same output as its warm run
+    (empty when there is nothing to compare: a no-op sink or a missing run)."""
+    from benchmarks import compare_check as cc
+
+    cold, warm = cell.first("cold"), cell.first("warm")
+    if cold is None or warm is None:
+        return ""
+    cold_out, warm_out = cc.load(Path(cold["output_file"])), cc.load(Path(warm["output_file"]))
+    if cold_out is None or warm_out is None:
+        return ""
+    try:
+        if spec.windowed:
+            verdict, _detail, _counts = cc.compare_windows(warm_out, cold_out, warm_out, None)
+        else:
+            verdict, _counts = cc.compare_rows(warm_out, cold_out)
+    except Exception as exc:
+        return f"cold vs warm output: check failed: {type(exc).__name__}: {exc}"
+    return "cold output = warm output" if verdict.startswith("agrees") else (
+        f"cold output ≠ warm output: {verdict}")
 
 
 def _spark_rule_check(spec: Spec, quick: bool, peer_out: Any, final_wm: int) -> str:
@@ -508,6 +609,11 @@ def _spark_rule_check(spec: Spec, quick: bool, peer_out: Any, final_wm: int) -> 
 
 # --------------------------------------------------------------------------- report
 
+AT_A_GLANCE = (
+    "Events/s with the sink that writes the result (median of the runs), cold (the first "
+    "run in a fresh process) · warm (the same again in that process); ratios use the warm "
+    "figures. The full table, checks and profiles follow.")
+
 
 def fmt_rate(x: float) -> str:
     from benchmarks.measure import fmt_num
@@ -515,31 +621,75 @@ def fmt_rate(x: float) -> str:
     return fmt_num(x)
 
 
+def rows_per_batch(specs: list[Spec], quick: bool) -> dict[str, int]:
+    """Workload name -> rows (Q5: records) per batch over the data this run read."""
+    return {spec.name: spec.rows_per_batch(quick) for spec in specs}
+
+
+def _without_progress(run: dict[str, Any]) -> dict[str, Any]:
+    """A run record without the per-batch progress of its cold and warm runs."""
+    return {key: ({k: v for k, v in value.items() if k != "progress"}
+                  if key in PHASES and isinstance(value, dict) else value)
+            for key, value in run.items()}
+
+
+def cells_json(specs: list[Spec], table: dict[str, dict[str, Cell]]) -> dict[str, Any]:
+    """The cells as ``compare.json`` stores them (progress left out)."""
+    return {s.name: {e: {"skipped": c.skipped, "check": c.check,
+                         "runs": [_without_progress(r) for r in c.runs]}
+                     for e, c in table[s.name].items()} for s in specs}
+
+
 def _cell_note(cell: Cell) -> str:
-    run = cell.runs[0]
+    """Start-up left out of the timing, batches, ms per batch cold and warm, late items,
+    and a warm run that failed."""
+    cold, warm = cell.first("cold"), cell.first("warm")
     notes = []
-    if run.get("startup_s"):
-        what = "SparkSession/JVM start" if cell.engine.startswith("spark") else "consumer start"
-        notes.append(f"+{run['startup_s']:.1f} s {what} not timed")
-    if run.get("batches"):
-        notes.append(f"{run['batches']} batches, {run['wall_s'] * 1000 / run['batches']:.0f} "
-                     "ms/batch")
-    if run.get("late_rows") is not None and cell.engine in ("bytewax",):
-        notes.append(f"{run['late_rows']:,} late items")
+    if cold and cold.get("startup_s"):
+        what = ("SparkSession/JVM start" if base_engine(cell.engine) == "spark"
+                else "consumer start")
+        notes.append(f"+{cold['startup_s']:.1f} s {what} not timed (cold)")
+    timed = [(phase, m) for phase, m in (("cold", cold), ("warm", warm))
+             if m and m.get("batches")]
+    if timed:
+        per_batch = ", ".join(f"{m['wall_s'] * 1000 / m['batches']:.0f} ms/batch {phase}"
+                              for phase, m in timed)
+        notes.append(f"{timed[0][1]['batches']} batches, {per_batch}")
+    late = (warm or cold or {}).get("late_rows")
+    if late is not None and cell.engine == "bytewax":
+        notes.append(f"{late:,} late items")
+    if cell.runs and cell.runs[0].get("warm_error"):
+        notes.append(f"warm run failed: {cell.runs[0]['warm_error']}")
     return "; ".join(notes)
 
 
 def render(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool, *,
            engines: list[str], skipped_peers: dict[str, str], info: dict[str, Any]) -> str:
-    from benchmarks.compare_check import LATENESS_RULES
+    """The Markdown report of a comparison run."""
+    lines = [
+        *_preamble(specs, table, quick, info),
+        "", "## At a glance", "", AT_A_GLANCE, "",
+        *summary_matrix(cells_json(specs, table), quick, specs),
+        "", _spark_partitions_note(specs, table),
+        "", "## Every engine and sink", "",
+        *_engine_table(specs, table, quick, engines),
+        *_load_note(table, info),
+        "", "Workloads:", "", *_workload_lines(specs, quick),
+        *_skipped_lines(table, engines, skipped_peers),
+        *_lateness_lines(),
+        *_difference_lines(specs, table),
+        *_profile_lines(specs, table),
+    ]
+    return "\n".join(lines)
 
+
+def _preamble(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool,
+              info: dict[str, Any]) -> list[str]:
+    """Title, machine and versions, data, and how to read the numbers."""
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     v = info["versions"]
-    ds = data.events(quick)
-    runs = sorted({len(c.runs) for cells in table.values() for c in cells.values() if c.runs})
-    reps = ("1 run each" if runs == [1] else
-            f"median of {'/'.join(map(str, runs))} runs (spread: min-max in brackets)")
-    lines = [
+    partitions = SPARK_CONF["spark.sql.shuffle.partitions"]
+    return [
         f"# microbatch vs Spark, Bytewax, Quix Streams ({'quick' if quick else 'full'} run, "
         f"{stamp})",
         "",
@@ -549,75 +699,136 @@ def render(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool, *,
         f"PySpark {v['pyspark']} ({v['java']}), Bytewax {v['bytewax']}, "
         f"Quix Streams {v['quixstreams']} (confluent-kafka {v['confluent-kafka']}).",
         "",
-        f"Data: {ds.rows:,} card transactions in {ds.files} Parquet files in arrival order "
-        f"(~{ds.cards // 1000}k Zipf keys, {ds.max_delay} disorder, "
-        f"{ds.late_fraction:.1%} late); Q4: {data.tiny(quick).rows:,} rows in "
-        f"{data.tiny(quick).files} files of 1,000. Watermark delay 10 s, append mode. "
-        f"{reps}, each run in a fresh process.",
+        _data_line(specs, table, quick),
         "",
         "- events/s = input rows / wall time of the query (start to end; Spark's JVM and "
         "SparkSession start-up and Quix's consumer-group join are noted, not timed).",
+        "- cold = the first run in a fresh process (imports, first calls and the JVM's JIT "
+        "compilation included); warm = the same workload again right after, in the same "
+        "process (Spark: the same SparkSession and JVM), same data, query, batch size and "
+        "sink, fresh output and checkpoint directories (Kafka readers: the topic from the "
+        "start, a new consumer group). Every ratio uses the warm figures.",
         "- vs microbatch = engine rate / this engine's rate with the same sink kind "
-        "(> 1: faster than us); vs one-shot = engine rate / one-shot Polars rate.",
-        "- peak RSS = resident memory of the engine's whole process tree (the PySpark "
-        "JVM included; the Kafka broker, shared by Quix, not included).",
-        "- Spark: `local[2]`, `spark.sql.shuffle.partitions=4`, driver heap 4 GiB, "
+        "(> 1: faster than us); vs one-shot = engine rate / one-shot Polars rate; "
+        "microbatch ÷ Spark = our rate / Spark's.",
+        "- peak RSS = resident memory of the engine's whole process tree over its cold and "
+        "warm run (the PySpark JVM included; the Kafka broker, shared by Quix, not included).",
+        f"- Spark: `local[2]`, `spark.sql.shuffle.partitions={partitions}` (one per core; "
+        f"Spark's default is {SPARK_DEFAULT_SHUFFLE_PARTITIONS}), driver heap 4 GiB, "
         "`maxFilesPerTrigger`, `withWatermark`, `groupBy(window(...), card_id)`, "
         "available-now trigger, default (HDFS-backed) state store. Bytewax: one worker "
         "(`run_main`), event-time clock with a fixed system clock. Quix: one-partition "
         "topic (Q5: three), `closing_strategy=\"partition\"`, grace 10 s. Q5: every engine "
         "reads the same 3-partition topic (JSON values; event time = message timestamp); "
         "its one-shot limit is Q1's, over the Parquet files.",
-        "",
-        "## At a glance", "",
-        "Events/s with the sink that writes the result (median of the runs); the full "
-        "table, checks and profiles follow.", "",
-        *summary_matrix({s.name: {e: {"skipped": c.skipped,
-                                      "runs": [{k: r[k] for k in ("input_rows", "wall_s",
-                                                                  "peak_tree_rss_mb")}
-                                               for r in c.runs]}
-                                  for e, c in table[s.name].items()} for s in specs}, quick),
-        "", "## Every engine and sink", "",
-        "| workload | rows/batch | engine | sink | events/s | vs microbatch | vs one-shot "
-        "| peak RSS (tree) | output check | notes |",
-        "|---|---:|---|---|---:|---:|---:|---:|---|---|",
     ]
+
+
+def _data_line(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool) -> str:
+    """What the engines read, and how many processes each ran."""
+    events = next((s.dataset(quick) for s in specs if not s.tiny), data.events(quick))
+    tiny = data.tiny(quick)
+    if isinstance(events, data.Dataset):
+        what = (f"{events.rows:,} card transactions in {events.files} Parquet files in "
+                f"arrival order (~{events.cards // 1000}k Zipf keys, {events.max_delay} "
+                f"disorder, {events.late_fraction:.1%} late)")
+    else:
+        what = (f"{events.rows:,} rows in {events.files} Parquet files of `{events.path}` "
+                f"(`--data`, read in name order; {events.rows_per_file:,} rows per file on "
+                "average)")
+    runs = sorted({len(c.runs) for cells in table.values() for c in cells.values() if c.runs})
+    reps = ("1 process each" if runs == [1] else
+            f"median of {'/'.join(map(str, runs))} processes (spread: min-max in brackets)")
+    return (f"Data: {what}; Q4: {tiny.rows:,} rows in {tiny.files} files of 1,000. "
+            f"Watermark delay 10 s, append mode. {reps}, each a fresh process running the "
+            "workload cold, then warm.")
+
+
+def _spark_partitions_note(specs: list[Spec], table: dict[str, dict[str, Cell]]) -> str:
+    """What Spark's default shuffle partitions give: measured when ``spark-200p`` ran."""
+    ours = SPARK_CONF["spark.sql.shuffle.partitions"]
+    default = SPARK_DEFAULT_SHUFFLE_PARTITIONS
     for spec in specs:
-        cells = table[spec.name]
-        limit = cells.get("polars-oneshot")
-        limit_rate = limit.rate if limit and limit.runs else math.nan
-        rpb = f"{spec.rows_per_batch(quick):,}"
-        for engine in engines:
-            cell = cells.get(engine)
-            if cell is None:
-                continue
-            name, sink = LABELS[engine]
-            if cell.skipped:
-                lines.append(f"| {spec.name} | {rpb} | {name} | {sink} | skipped | | | | "
-                             f"{_esc(cell.skipped)} | |")
-                continue
-            base = cells.get("microbatch-noop" if sink == "noop" else "microbatch")
-            base_rate = base.rate if base and base.runs else math.nan
-            spread = (f" ({fmt_rate(min(cell.rates))}-{fmt_rate(max(cell.rates))})"
-                      if len(cell.rates) > 1 else "")
-            ratio_ours = cell.rate / base_rate if not math.isnan(base_rate) else math.nan
-            ratio_lim = cell.rate / limit_rate if not math.isnan(limit_rate) else math.nan
-            per = "per record" if engine in ("bytewax", "quix") and spec.query != "q4" else rpb
-            lines.append(
-                f"| {spec.name} | {per} | {name} | {sink} | {fmt_rate(cell.rate)}{spread} | "
-                f"{_ratio(ratio_ours)} | {_ratio(ratio_lim)} | {cell.peak_mb:,.0f} MiB | "
-                f"{_esc(cell.check)} | {_esc(_cell_note(cell))} |")
+        tuned = table[spec.name].get("spark")
+        stock = table[spec.name].get(SPARK_DEFAULT_PARTITIONS)
+        if tuned and stock and tuned.rates() and stock.rates():
+            return (f"Spark with its default {default} shuffle partitions instead of {ours} "
+                    f"(`{SPARK_DEFAULT_PARTITIONS}` rows below): {spec.name} "
+                    f"{fmt_rate(stock.rate('cold'))}/s cold · {fmt_rate(stock.rate())}/s warm, "
+                    f"{tuned.rate() / stock.rate():.1f}× slower warm "  # noqa: RUF001
+                    f"than with {ours}.")
+    return (f"Spark runs with {ours} shuffle partitions, one per core; with its default of "
+            f"{default} every stateful batch runs {default} state-store tasks on the "
+            f"{ours} cores (not measured in this run: `--spark-default-partitions` adds "
+            f"Spark with {default} as `{SPARK_DEFAULT_PARTITIONS}`).")
+
+
+def _rate_text(cell: Cell, phase: str) -> str:
+    """Median events/s of ``phase``, with the min-max spread over several runs."""
+    rates = cell.rates(phase)
+    if not rates:
+        return "-"
+    spread = f" ({fmt_rate(min(rates))}-{fmt_rate(max(rates))})" if len(rates) > 1 else ""
+    return fmt_rate(statistics.median(rates)) + spread
+
+
+def _engine_table(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool,
+                  engines: list[str]) -> list[str]:
+    """Every engine and sink on every workload, cold and warm."""
+    lines = ["| workload | rows/batch | engine | sink | events/s cold | events/s warm "
+             "| vs microbatch | vs one-shot | peak RSS (tree) | output check | notes |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---|---|"]
+    for spec in specs:
+        lines += _engine_rows(spec, table[spec.name], quick, engines)
+    return lines
+
+
+def _engine_rows(spec: Spec, cells: dict[str, Cell], quick: bool,
+                 engines: list[str]) -> list[str]:
+    limit = cells.get("polars-oneshot")
+    limit_rate = limit.rate() if limit else math.nan
+    rpb = f"{spec.rows_per_batch(quick):,}"
+    lines = []
+    for engine in engines:
+        cell = cells.get(engine)
+        if cell is None:
+            continue
+        name, sink = LABELS[engine]
+        if cell.skipped:
+            lines.append(f"| {spec.name} | {rpb} | {name} | {sink} | skipped | | | | | "
+                         f"{_esc(cell.skipped)} | |")
+            continue
+        base = cells.get("microbatch-noop" if sink == "noop" else "microbatch")
+        base_rate = base.rate() if base else math.nan
+        per = "per record" if engine in ("bytewax", "quix") and spec.query != "q4" else rpb
+        lines.append(
+            f"| {spec.name} | {per} | {name} | {sink} | {_rate_text(cell, 'cold')} | "
+            f"{_rate_text(cell, 'warm')} | {_ratio(cell.rate() / base_rate)} | "
+            f"{_ratio(cell.rate() / limit_rate)} | {cell.peak_mb:,.0f} MiB | "
+            f"{_esc(cell.check)} | {_esc(_cell_note(cell))} |")
+    return lines
+
+
+def _load_note(table: dict[str, dict[str, Cell]], info: dict[str, Any]) -> list[str]:
     loads = [r["load_avg_1m"] for cells in table.values() for c in cells.values()
              for r in c.runs if "load_avg_1m" in r]
-    if loads:
-        lines += ["", f"1-minute load average at the end of the runs: {min(loads):.1f} to "
-                  f"{max(loads):.1f} on {info['nproc']} cores, the engine itself included (up to "
-                  f"{info['nproc']}); well above that, other processes were competing for the "
-                  "CPUs and the numbers are pessimistic."]
-    lines += ["", "Workloads:", ""]
-    lines += [f"- **{s.name}**: {s.title}; " + (
+    if not loads:
+        return []
+    return ["", f"1-minute load average at the end of the runs: {min(loads):.1f} to "
+            f"{max(loads):.1f} on {info['nproc']} cores, the engine itself included (up to "
+            f"{info['nproc']}); well above that, other processes were competing for the "
+            "CPUs and the numbers are pessimistic."]
+
+
+def _workload_lines(specs: list[Spec], quick: bool) -> list[str]:
+    return [f"- **{s.name}**: {s.title}; " + (
         f"{s.rows_per_batch(quick):,} records per batch" if s.kafka_partitions else
         f"{s.files_per_batch} file(s) per batch") + "." for s in specs]
+
+
+def _skipped_lines(table: dict[str, dict[str, Cell]], engines: list[str],
+                   skipped_peers: dict[str, str]) -> list[str]:
+    lines: list[str] = []
     if skipped_peers:
         lines += ["", "## Skipped peers", ""]
         lines += [f"- **{engine}**: {why}" for engine, why in skipped_peers.items()]
@@ -626,31 +837,48 @@ def render(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool, *,
     if na:
         lines += ["", "Not applicable:", ""]
         lines += [f"- {e} on {w}: {why}" for e, w, why in na]
-    lines += ["", "## Late data: each engine's rule", ""]
-    lines += [f"- **{k}**: {v}" for k, v in LATENESS_RULES.items()]
-    lines += ["", "## Output differences (first run of each engine vs ours)", ""]
+    return lines
+
+
+def _lateness_lines() -> list[str]:
+    from benchmarks.compare_check import LATENESS_RULES
+
+    return ["", "## Late data: each engine's rule", "",
+            *(f"- **{k}**: {v}" for k, v in LATENESS_RULES.items())]
+
+
+def _difference_lines(specs: list[Spec], table: dict[str, dict[str, Cell]]) -> list[str]:
+    lines = ["", "## Output differences (each engine's first warm run vs ours)", ""]
     for spec in specs:
         for engine, cell in table[spec.name].items():
             if cell.check_detail:
                 lines += [f"### {spec.name}: {engine}", "", *cell.check_detail, ""]
-    lines += ["## Where this engine's time goes (first run)", ""]
+    return lines
+
+
+def _profile_lines(specs: list[Spec], table: dict[str, dict[str, Cell]]) -> list[str]:
+    """Per-step profiles of this engine and Spark, from their first warm run."""
     from benchmarks.profile import step_profile
 
+    lines = ["## Where the time goes (first warm run)", ""]
     for spec in specs:
-        cell = table[spec.name].get("microbatch")
-        if cell and cell.runs and cell.runs[0].get("progress"):
-            lines += step_profile(f"{spec.name}, microbatch", cell.runs[0])
+        ours = table[spec.name].get("microbatch")
+        run = ours.first("warm") if ours else None
+        if run and run.get("progress"):
+            lines += step_profile(f"{spec.name}, microbatch, warm", run)
         spark = table[spec.name].get("spark")
-        if spark and spark.runs and spark.runs[0].get("progress"):
-            lines += spark_profile(f"{spec.name}, Spark", spark.runs[0])
-    return "\n".join(lines)
+        run = spark.first("warm") if spark else None
+        if run and run.get("progress"):
+            lines += spark_profile(f"{spec.name}, Spark, warm", run)
+    return lines
 
 
-def summary_matrix(cells: dict[str, dict[str, Any]], quick: bool) -> list[str]:
+def summary_matrix(cells: dict[str, dict[str, Any]], quick: bool,
+                   specs: list[Spec]) -> list[str]:
     """The at-a-glance matrix (:mod:`benchmarks.compare_summary`) of these cells."""
     from benchmarks.compare_summary import matrix, titles
 
-    return matrix({"cells": cells}, titles(quick))
+    return matrix({"cells": cells}, titles(quick, rows_per_batch(specs, quick)))
 
 
 def spark_profile(title: str, run: dict[str, Any]) -> list[str]:
@@ -678,6 +906,7 @@ def _ratio(x: float) -> str:
 
 def write_chart(path: Path, specs: list[Spec], table: dict[str, dict[str, Cell]],
                 engines: list[str], quick: bool) -> str:
+    """Warm events/s per engine and workload as bars (log scale), cold as a tick."""
     try:
         import matplotlib
 
@@ -687,7 +916,7 @@ def write_chart(path: Path, specs: list[Spec], table: dict[str, dict[str, Cell]]
         return "chart skipped: matplotlib is not installed (pip install -e '.[bench]')"
     colors = {"polars-oneshot": "#999999", "microbatch": "#1f77b4",
               "microbatch-noop": "#aec7e8", "spark": "#d62728", "spark-noop": "#ff9896",
-              "bytewax": "#2ca02c", "quix": "#9467bd"}
+              SPARK_DEFAULT_PARTITIONS: "#8c564b", "bytewax": "#2ca02c", "quix": "#9467bd"}
     shown = [e for e in engines if any(table[s.name].get(e) and table[s.name][e].runs
                                        for s in specs)]
     if not shown:
@@ -695,16 +924,19 @@ def write_chart(path: Path, specs: list[Spec], table: dict[str, dict[str, Cell]]
     fig, ax = plt.subplots(figsize=(max(7.0, 1.9 * len(specs)), 4.8))
     width = 0.8 / len(shown)
     for i, engine in enumerate(shown):
-        xs, ys = [], []
+        xs, warm, cold = [], [], []
         for j, spec in enumerate(specs):
             cell = table[spec.name].get(engine)
             if cell and cell.runs:
                 xs.append(j + (i - (len(shown) - 1) / 2) * width)
-                ys.append(cell.rate)
+                warm.append(cell.rate())
+                cold.append(cell.rate("cold"))
         name, sink = LABELS[engine]
-        ax.bar(xs, ys, width, label=f"{name}, {sink}", color=colors.get(engine))
+        ax.bar(xs, warm, width, label=f"{name}, {sink}", color=colors.get(engine))
+        ax.scatter(xs, cold, marker="_", s=120, color="black", zorder=3,
+                   label="cold run (first in its process)" if i == 0 else None)
     ax.set_yscale("log")
-    ax.set_ylabel("events/s (log scale)")
+    ax.set_ylabel("events/s, warm run (log scale)")
     ax.set_xticks(range(len(specs)),
                   [f"{s.name}\n{s.rows_per_batch(quick):,} rows/batch" for s in specs],
                   fontsize=8)
@@ -726,47 +958,153 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("workloads", nargs="*", metavar="WORKLOAD",
                         help=f"any of {', '.join(WORKLOADS)} (default: all)")
     parser.add_argument("--quick", action="store_true",
-                        help="1M events in 20 files (Q4: 100 files of 1,000), one run each")
-    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
-                        metavar="ENGINE", help=f"any of {', '.join(ENGINES)} (default: all)")
-    parser.add_argument("--reps", type=int, help="runs per engine (default 3; --quick 1)")
+                        help="1M events in 20 files (Q4: 100 files of 1,000), one process each")
+    parser.add_argument("--engines", nargs="+", choices=ALL_ENGINES, default=list(ENGINES),
+                        metavar="ENGINE", help=f"any of {', '.join(ALL_ENGINES)} (default: "
+                                               f"all but {SPARK_DEFAULT_PARTITIONS})")
+    parser.add_argument("--reps", type=int,
+                        help="processes per engine, each a cold and a warm run "
+                             "(default 3; --quick 1)")
     parser.add_argument("--record-reps", type=int,
-                        help="runs of the per-record peers, Bytewax and Quix (default: --reps "
-                             "if given, else 1: they take 10-40 min per run on the full data)")
+                        help="processes of the per-record peers, Bytewax and Quix (default: "
+                             "--reps if given, else 1: they take 10-40 min per run on the "
+                             "full data)")
     parser.add_argument("--install", action="store_true",
                         help="pip-install the `bench` extra (peers, psutil, matplotlib) first")
     parser.add_argument("--out", type=Path, default=None,
                         help="results directory (default benchmarks/results/compare/<quick|full>)")
     parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds per engine run before it counts as failed and is not "
-                             "repeated (default 600 quick, 1200 full)")
+                        help="seconds per run (a process gets twice that for its cold and warm "
+                             "runs) before it counts as failed (default 600 quick, 1200 full)")
+    parser.add_argument("--data", type=Path, metavar="DIR",
+                        help="run the event workloads (Q1-Q3, Q5) on DIR's Parquet files with "
+                             "the generator's columns, in name order, instead of generated "
+                             "data; rows per batch = rows per file x files per batch")
+    parser.add_argument("--spark-default-partitions", action="store_true",
+                        help=f"also run Spark with its default {SPARK_DEFAULT_SHUFFLE_PARTITIONS}"
+                             f" shuffle partitions (engine {SPARK_DEFAULT_PARTITIONS})")
     args = parser.parse_args(argv)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)}")
+    if args.data is not None and not args.data.is_dir():
+        parser.error(f"--data {args.data}: not a directory")
     return args
+
+
+def selected_specs(names: list[str], data_dir: Path | None) -> list[Spec]:
+    """The workloads to run, over ``data_dir``'s files when given (a copy whose
+    modification times follow the file names, when theirs do not)."""
+    specs = [WORKLOADS[w] for w in (names or list(WORKLOADS))]
+    if data_dir is None:
+        return specs
+    try:
+        ds = data.staged_in_name_order(data.from_directory(data_dir))
+    except ValueError as exc:
+        raise SystemExit(f"--data: {exc}") from None
+    return [dataclasses.replace(s, data_dir=ds.path) for s in specs]
+
+
+def selected_engines(args: argparse.Namespace) -> list[str]:
+    """``--engines`` (plus ``spark-200p`` with ``--spark-default-partitions``), in
+    :data:`ALL_ENGINES` order."""
+    wanted = set(args.engines)
+    if args.spark_default_partitions:
+        wanted.add(SPARK_DEFAULT_PARTITIONS)
+    return [e for e in ALL_ENGINES if e in wanted]
+
+
+def describe(result: dict[str, Any]) -> str:
+    """One line for a process's cold and warm runs."""
+    parts = []
+    for phase in PHASES:
+        m = result.get(phase)
+        if m:
+            parts.append(f"{phase} {m['wall_s']:.2f} s, {m['input_rows'] / m['wall_s']:,.0f} "
+                         "events/s")
+    if result.get("warm_error"):
+        parts.append(f"warm failed: {result['warm_error']}")
+    return "; ".join(parts) + f"; peak tree RSS {result['peak_tree_rss_mb']:.0f} MiB"
+
+
+@dataclass
+class Plan:
+    """What every workload of a comparison runs with."""
+
+    quick: bool
+    reps: int
+    record_reps: int
+    timeout: float
+    engines: list[str]
+    skipped_peers: dict[str, str]
+    broker: Broker
+
+
+def run_workload(spec: Spec, plan: Plan) -> dict[str, Cell]:
+    """Every engine on ``spec``, ``plan.reps`` processes each (interleaved), checked."""
+    quick = plan.quick
+    data.ensure(spec.dataset(quick))
+    cells = {e: Cell(e, spec.name) for e in plan.engines}
+    for engine, cell in cells.items():
+        if engine in plan.skipped_peers:
+            cell.skipped = plan.skipped_peers[engine]
+        elif (engine, spec.name) in NOT_APPLICABLE:
+            cell.skipped = "n/a: " + NOT_APPLICABLE[(engine, spec.name)]
+    topic = None
+    readers = [e for e, c in cells.items() if not c.skipped and (
+        e == "quix" or (spec.kafka_partitions and e != "polars-oneshot"))]
+    if readers:
+        try:
+            if plan.broker.error:
+                raise RuntimeError(plan.broker.error)
+            topic = plan.broker.topic_for(spec.dataset(quick), spec.kafka_partitions or 1)
+        except Exception as exc:
+            for engine in readers:
+                cells[engine].skipped = f"no Kafka topic: {exc}"
+    print(f"== {spec.name}: {spec.title}, {spec.rows_per_batch(quick):,} rows/batch",
+          flush=True)
+    for rep in range(plan.reps):
+        for engine, cell in cells.items():
+            if cell.skipped or (engine in ("bytewax", "quix") and rep >= plan.record_reps):
+                continue
+            print(f"  {engine} (process {rep + 1}: cold, warm) ...", end=" ", flush=True)
+            reads_kafka = engine in readers
+            try:
+                result = run_one(engine, spec, quick, rep, timeout_s=plan.timeout,
+                                 topic=topic if reads_kafka else None,
+                                 bootstrap=plan.broker.bootstrap if reads_kafka else None)
+            except Exception as exc:
+                print(f"failed: {exc}", flush=True)
+                if not cell.runs:
+                    cell.skipped = f"failed to run here: {exc}"
+                continue
+            cell.runs.append(result)
+            print(describe(result), flush=True)
+    check_cells(spec, quick, cells)
+    return cells
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quick = args.quick
     reps = args.reps or (1 if quick else 3)
-    # Bytewax and Quix take 10-40 min per run on the full data: once by default.
-    record_reps = args.record_reps or (reps if args.reps else 1)
-    timeout = args.timeout or (600.0 if quick else 1200.0)
     out = args.out or DEFAULT_OUT / ("quick" if quick else "full")
-    specs = [WORKLOADS[w] for w in (args.workloads or list(WORKLOADS))]
-    engines = [e for e in ENGINES if e in args.engines]
+    specs = selected_specs(args.workloads, args.data)
+    engines = selected_engines(args)
     install_failures = install_extras() if args.install else {}
-    skipped_peers = probe_peers(engines, install_failures)
-    broker = Broker()
+    plan = Plan(quick=quick, reps=reps,
+                # Bytewax and Quix take 10-40 min per run on the full data: once by default.
+                record_reps=args.record_reps or (reps if args.reps else 1),
+                timeout=args.timeout or (600.0 if quick else 1200.0), engines=engines,
+                skipped_peers=probe_peers(engines, install_failures), broker=Broker())
+    skipped_peers = plan.skipped_peers
     if any(s.kafka_partitions for s in specs) or (
             "quix" in engines and "quix" not in skipped_peers
             and any(("quix", s.name) not in NOT_APPLICABLE for s in specs)):
         print("starting a Kafka broker (scripts/kafka) for Quix Streams and Q5 ...", flush=True)
-        broker.start()
-        if broker.error:
-            skipped_peers["quix"] = broker.error
+        plan.broker.start()
+        if plan.broker.error:
+            skipped_peers["quix"] = plan.broker.error
     for line in (f"skipping {e}: {why}" for e, why in skipped_peers.items()):
         print(line, flush=True)
     from benchmarks.measure import machine_info
@@ -776,53 +1114,12 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     try:
         for spec in specs:
-            data.ensure(spec.dataset(quick))
-            cells = {e: Cell(e, spec.name) for e in engines}
-            table[spec.name] = cells
-            for engine, cell in cells.items():
-                if engine in skipped_peers:
-                    cell.skipped = skipped_peers[engine]
-                elif (engine, spec.name) in NOT_APPLICABLE:
-                    cell.skipped = "n/a: " + NOT_APPLICABLE[(engine, spec.name)]
-            topic = None
-            readers = [e for e, c in cells.items() if not c.skipped and (
-                e == "quix" or (spec.kafka_partitions and e != "polars-oneshot"))]
-            if readers:
-                try:
-                    if broker.error:
-                        raise RuntimeError(broker.error)
-                    topic = broker.topic_for(spec.dataset(quick), spec.kafka_partitions or 1)
-                except Exception as exc:
-                    for engine in readers:
-                        cells[engine].skipped = f"no Kafka topic: {exc}"
-            print(f"== {spec.name}: {spec.title}, {spec.rows_per_batch(quick):,} rows/batch",
-                  flush=True)
-            for rep in range(reps):
-                for engine, cell in cells.items():
-                    if cell.skipped or (engine in ("bytewax", "quix") and rep >= record_reps):
-                        continue
-                    print(f"  {engine} (run {rep + 1}) ...", end=" ", flush=True)
-                    reads_kafka = engine in readers
-                    try:
-                        result = run_one(
-                            engine, spec, quick, rep, timeout_s=timeout,
-                            topic=topic if reads_kafka else None,
-                            bootstrap=broker.bootstrap if reads_kafka else None)
-                    except Exception as exc:
-                        print(f"failed: {exc}", flush=True)
-                        if not cell.runs:
-                            cell.skipped = f"failed to run here: {exc}"
-                        continue
-                    cell.runs.append(result)
-                    print(f"{result['wall_s']:.2f} s, "
-                          f"{result['input_rows'] / result['wall_s']:,.0f} events/s, "
-                          f"peak tree RSS {result['peak_tree_rss_mb']:.0f} MiB", flush=True)
-            check_cells(spec, quick, cells)
+            table[spec.name] = run_workload(spec, plan)
     finally:
-        broker.stop()
+        plan.broker.stop()
     for spec in specs:
         for engine, cell in table[spec.name].items():
-            if (cell.skipped and engine.removesuffix("-noop") in PEERS
+            if (cell.skipped and base_engine(engine) in PEERS
                     and not cell.skipped.startswith("n/a") and engine not in skipped_peers):
                 skipped_peers[f"{engine} on {spec.name}"] = cell.skipped
     text = render(specs, table, quick, engines=engines, skipped_peers=skipped_peers,
@@ -832,10 +1129,9 @@ def main(argv: list[str] | None = None) -> int:
     raw = {
         "quick": quick, "reps": reps, "info": info, "skipped_peers": skipped_peers,
         "seconds": time.perf_counter() - t_all,
-        "cells": {s.name: {e: {"skipped": c.skipped, "check": c.check,
-                               "runs": [{k: v for k, v in r.items() if k != "progress"}
-                                        for r in c.runs]}
-                           for e, c in table[s.name].items()} for s in specs},
+        "data": str(specs[0].data_dir) if specs[0].data_dir else None,
+        "rows_per_batch": rows_per_batch(specs, quick),
+        "cells": cells_json(specs, table),
     }
     (out / "compare.json").write_text(json.dumps(raw, indent=1, default=str))
     print()

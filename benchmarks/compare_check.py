@@ -173,17 +173,17 @@ def spark_rule_reference(case: Any, ds: Any, files_per_batch: int, final_wm: int
     ``lag`` batches back (Spark >= 3.4 drops late rows with the watermark of the previous
     batch, ``eventTimeWatermarkForLateEvents``, and emits with the current one), over the
     windows the final watermark closed."""
+    from benchmarks.data import batch_frames
+
     delay_ms = 10_000
-    rows_per_batch = ds.rows_per_file * files_per_batch
-    lf = pl.scan_parquet(ds.path / "*.parquet").with_columns(
-        (pl.col("event_id") // rows_per_batch).alias("batch"),
-        pl.col("event_time").dt.epoch("ms").alias("t"),
-    )
+    lf = batch_frames(ds, files_per_batch).with_columns(
+        pl.col("event_time").dt.epoch("ms").alias("t"))
     marks = (
         lf.group_by("batch").agg(pl.col("t").max().alias("bmax")).sort("batch")
         .with_columns((pl.col("bmax").cum_max() - delay_ms).shift(lag).alias("wm"))
         .select("batch", "wm")
     )
     expected, _late = case.reference(lf.join(marks, on="batch"))
-    return expected.filter(pl.col("we") <= final_wm).select(
+    closed: pl.DataFrame = expected.filter(pl.col("we") <= final_wm).select(
         "ws", "we", "card_id", "n", "amount").collect()
+    return closed

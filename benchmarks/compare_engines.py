@@ -1,12 +1,26 @@
-"""The compared engines, each running one workload in a fresh process.
+"""The compared engines, each running one workload twice in a fresh process.
 
 ``python -m benchmarks.compare_engines ENGINE WORKLOAD WORKDIR RESULT [--quick]
-[--bootstrap HOST:PORT --topic NAME]`` runs ``WORKLOAD`` (see :data:`WORKLOADS`)
-on ``ENGINE`` (see :data:`ENGINES`), writes the normalized output to
-``WORKDIR/result.parquet`` and a JSON result (wall seconds of the processing,
-start-up seconds, input rows, engine-specific progress) to ``RESULT``. Peak
-memory is sampled by the parent (:mod:`benchmarks.compare`) over this
+[--bootstrap HOST:PORT --topic NAME] [--data DIR]`` runs ``WORKLOAD`` (see
+:data:`WORKLOADS`) on ``ENGINE`` (see :data:`ALL_ENGINES`) twice in this process:
+
+- ``cold``: the first run in the fresh process, with what a first run pays
+  (imports, first calls, the JVM's JIT compilation for Spark);
+- ``warm``: the same workload again in the same process (for Spark the same
+  SparkSession and JVM, not stopped in between), with the same data, query,
+  batch size and sink, into a fresh output and checkpoint directory (Kafka
+  readers: the same topic from the beginning, in a fresh consumer group).
+
+Each run writes its normalized output to ``WORKDIR/<cold|warm>/result.parquet``;
+``RESULT`` gets ``{"cold": {...}, "warm": {...}}`` (wall seconds of the
+processing, start-up seconds, input rows, engine-specific progress), written
+after each run, so a warm run that fails or times out leaves the cold one.
+Peak memory is sampled by the parent (:mod:`benchmarks.compare`) over this
 process's whole tree, so a JVM started by PySpark counts.
+
+``--data DIR``: the event workloads read ``DIR``'s Parquet files with the
+generator's columns (:func:`benchmarks.data.from_directory`; files in name
+order) instead of the generated data; Q4 keeps its generated 1,000-row files.
 
 Normalized outputs, compared by :mod:`benchmarks.compare_check`:
 
@@ -19,15 +33,20 @@ Timing: ``wall_s`` covers starting the query to its end, with the data read
 from the same Parquet files (Quix, and every engine on Q5: from a Kafka topic of
 the same rows). It
 leaves out interpreter start, imports and, for Spark, creating the
-SparkSession (JVM start), which are reported as ``startup_s``.
+SparkSession (JVM start), which are reported as ``startup_s`` (in the warm run
+the session is there already).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -60,14 +79,22 @@ class Spec:
     """> 0: the engines read the rows from a Kafka topic of that many partitions
     (key = card id, partition = card id mod partitions, message timestamp = event
     time) instead of the Parquet files; a batch is ``rows_per_batch`` records."""
+    data_dir: Path | None = None
+    """Read the events from this directory (:func:`benchmarks.data.from_directory`)
+    instead of generating them; ignored by ``tiny`` workloads (Q4 keeps its files)."""
 
-    def dataset(self, quick: bool) -> data.Dataset:
-        return data.tiny(quick) if self.tiny else data.events(quick)
+    def dataset(self, quick: bool) -> data.EventFiles:
+        """The files this workload reads."""
+        if self.tiny:
+            return data.tiny(quick)
+        if self.data_dir is not None:
+            return data.from_directory(self.data_dir)
+        return data.events(quick)
 
     def rows_per_batch(self, quick: bool) -> int:
         return self.batch_rows(self.dataset(quick))
 
-    def batch_rows(self, ds: data.Dataset) -> int:
+    def batch_rows(self, ds: data.EventFiles) -> int:
         """Rows (Q5: Kafka records) per batch over ``ds``."""
         return ds.rows_per_file * self.files_per_batch
 
@@ -98,6 +125,18 @@ reads as many records per batch from Kafka."""
 
 ENGINES = ("polars-oneshot", "microbatch", "microbatch-noop", "spark", "spark-noop",
            "bytewax", "quix")
+"""The engines a comparison runs by default."""
+SPARK_DEFAULT_PARTITIONS = "spark-200p"
+"""Spark with its default 200 shuffle partitions (only on request: ``python -m
+benchmarks.compare --spark-default-partitions``)."""
+ALL_ENGINES = (*ENGINES, SPARK_DEFAULT_PARTITIONS)
+PHASES = ("cold", "warm")
+"""The two runs of each worker process: the first in it, then the same again."""
+
+
+def base_engine(engine: str) -> str:
+    """The engine behind a variant: ``spark-noop`` and ``spark-200p`` -> ``spark``."""
+    return engine.removesuffix("-noop").removesuffix("-200p")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -115,16 +154,17 @@ def _write_result(frame: pl.DataFrame, workdir: Path) -> int:
 # --------------------------------------------------------------------------- Polars one-shot
 
 
-def run_oneshot(spec: Spec, ds: data.Dataset, workdir: Path) -> dict[str, Any]:
+def run_oneshot(spec: Spec, ds: data.EventFiles, workdir: Path) -> dict[str, Any]:
     """The limit: the existing workloads' one-shot Polars query, over all files."""
-    lf = pl.scan_parquet(ds.path / "*.parquet")
+    lf = pl.scan_parquet(ds.file_paths())
+    case = None if spec.query == "q4" else _oneshot_case(spec)  # its import is not timed
     t0 = time.perf_counter()
-    if spec.query == "q4":
+    if case is None:
         lf.filter(pl.col("amount") > Q4_THRESHOLD).sink_parquet(workdir / "out.parquet")
         wall = time.perf_counter() - t0
         out = pl.read_parquet(workdir / "out.parquet").select("event_id", "amount")
     else:
-        frame = _oneshot_case(spec).oneshot(lf).collect()
+        frame = case.oneshot(lf).collect()
         frame.write_parquet(workdir / "out.parquet")
         wall = time.perf_counter() - t0
         out = frame.select(_epoch_ms("window_start").alias("ws"),
@@ -145,12 +185,12 @@ def _oneshot_case(spec: Spec) -> Any:
 # --------------------------------------------------------------------------- this engine
 
 
-def run_microbatch(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
-                   kafka: tuple[str, str] | None = None) -> dict[str, Any]:
-    """This engine, reusing the workloads' queries (``benchmarks.q*``); with ``kafka``
-    (bootstrap, topic) it reads the topic, event time = the message timestamp."""
+def microbatch_stream(spec: Spec, ds: data.EventFiles,
+                      kafka: tuple[str, str] | None = None) -> Any:
+    """This engine's query of ``spec``, reusing the workloads' windows
+    (``benchmarks.q*``): over ``ds``'s files, or with ``kafka`` (bootstrap, topic)
+    over the topic, event time = the message timestamp."""
     import microbatch as mb
-    from benchmarks.measure import run_available_now
     from microbatch.sources.generator import GENERATOR_SCHEMA
 
     if kafka is not None:
@@ -162,11 +202,19 @@ def run_microbatch(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
         src = mb.read_files(ds.path, max_files_per_batch=spec.files_per_batch,
                             schema=GENERATOR_SCHEMA)
     if spec.query == "q4":
-        stream = src.filter(pl.col("amount") > Q4_THRESHOLD)
-    else:
-        stream = (src.with_watermark("event_time", f"{DELAY_S}s")
-                  .group_by(_oneshot_case(spec).window(), "card_id")
-                  .agg(pl.len().alias("n"), pl.col("amount").sum().alias("amount")))
+        return src.filter(pl.col("amount") > Q4_THRESHOLD)
+    return (src.with_watermark("event_time", f"{DELAY_S}s")
+            .group_by(_oneshot_case(spec).window(), "card_id")
+            .agg(pl.len().alias("n"), pl.col("amount").sum().alias("amount")))
+
+
+def run_microbatch(spec: Spec, ds: data.EventFiles, workdir: Path, *, noop: bool,
+                   kafka: tuple[str, str] | None = None) -> dict[str, Any]:
+    """This engine on :func:`microbatch_stream`, into Parquet (or a no-op sink)."""
+    import microbatch as mb
+    from benchmarks.measure import run_available_now
+
+    stream = microbatch_stream(spec, ds, kafka)
     batches_hint = ds.files // spec.files_per_batch + 5
     if noop:
         writer = stream.foreach_batch(lambda _df, _batch: None)
@@ -206,7 +254,7 @@ def run_microbatch(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
 
 
 SPARK_CONF = {
-    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.shuffle.partitions": "2",
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -216,18 +264,58 @@ SPARK_CONF = {
     "spark.sql.streaming.numRecentProgressUpdates": "1000",
     "spark.sql.adaptive.enabled": "false",
 }
-"""``local[2]`` (all cores of the machine). Shuffle partitions 4 instead of the
-default 200, which would cost ~200 state-store tasks per batch; driver heap
-4 GiB (default 1 GiB). State store: the default (HDFS-backed, in memory)."""
+"""``local[2]`` (all cores of the machine). Shuffle partitions 2, one per core,
+instead of the default 200, which costs ~200 state-store tasks per batch
+(measured by the ``spark-200p`` engine, ``compare --spark-default-partitions``);
+driver heap 4 GiB (default 1 GiB). State store: the default (HDFS-backed, in
+memory)."""
+SPARK_DEFAULT_SHUFFLE_PARTITIONS = 200
+
+_SPARK_SESSIONS: dict[str, Any] = {}
+"""This process's SparkSession, made by the cold run and reused by the warm one."""
 
 
-def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
+def spark_conf(engine: str, *, kafka: bool) -> dict[str, str]:
+    """:data:`SPARK_CONF` for ``engine`` (``spark-200p``: Spark's default shuffle
+    partitions), with the Kafka connector when the workload reads Kafka."""
+    conf = dict(SPARK_CONF)
+    if engine == SPARK_DEFAULT_PARTITIONS:
+        conf["spark.sql.shuffle.partitions"] = str(SPARK_DEFAULT_SHUFFLE_PARTITIONS)
+    if kafka:
+        import pyspark
+
+        conf["spark.jars.packages"] = spark_kafka_package(pyspark.__version__)
+    return conf
+
+
+def spark_session(engine: str, *, kafka: bool) -> Any:
+    """This process's ``local[2]`` SparkSession: created (JVM start) on the first call,
+    the same session afterwards, until :func:`stop_spark`."""
+    if engine not in _SPARK_SESSIONS:
+        from pyspark.sql import SparkSession
+
+        builder = SparkSession.builder.master("local[2]").appName("microbatch-compare")
+        for key, value in spark_conf(engine, kafka=kafka).items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        _SPARK_SESSIONS[engine] = spark
+    return _SPARK_SESSIONS[engine]
+
+
+def stop_spark() -> None:
+    """Stop the SparkSession :func:`spark_session` made, if any (after the warm run)."""
+    while _SPARK_SESSIONS:
+        _SPARK_SESSIONS.popitem()[1].stop()
+
+
+def run_spark(engine: str, spec: Spec, ds: data.EventFiles, workdir: Path, *,
               kafka: tuple[str, str] | None = None) -> dict[str, Any]:
     """Spark Structured Streaming: file source (or, with ``kafka``, the Kafka source of
     ``spark-sql-kafka`` fetched by Ivy from Maven Central, ``maxOffsetsPerTrigger``,
-    ``from_json``, event time = the message timestamp), watermark, window, append mode."""
+    ``from_json``, event time = the message timestamp), watermark, window, append mode;
+    ``spark-noop`` writes to the no-op sink. The session outlives the run."""
     t_start = time.perf_counter()
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql.types import (
         DoubleType,
@@ -238,16 +326,8 @@ def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
         TimestampType,
     )
 
-    builder = SparkSession.builder.master("local[2]").appName("microbatch-compare")
-    conf = dict(SPARK_CONF)
-    if kafka is not None:
-        import pyspark
-
-        conf["spark.jars.packages"] = spark_kafka_package(pyspark.__version__)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    noop = engine.endswith("-noop")
+    spark = spark_session(engine, kafka=kafka is not None)
     startup = time.perf_counter() - t_start
     schema = StructType([
         StructField("event_id", LongType()), StructField("card_id", LongType()),
@@ -291,7 +371,6 @@ def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
     progress = [json.loads(p.json) if hasattr(p, "json") else p
                 for p in query.recentProgress]
     progress = [_spark_progress(p) for p in progress]
-    spark.stop()
     result: dict[str, Any] = {
         "wall_s": wall,
         "startup_s": startup,
@@ -300,6 +379,7 @@ def run_spark(spec: Spec, ds: data.Dataset, workdir: Path, *, noop: bool,
         "data_batches": sum(1 for p in progress if p["input_rows"]),
         "progress": progress,
         "spark_version": spark.version,
+        "shuffle_partitions": int(spark.conf.get("spark.sql.shuffle.partitions")),
     }
     if not noop:
         frame = pl.read_parquet(workdir / "out" / "*.parquet")
@@ -317,6 +397,7 @@ SPARK_KAFKA = "org.apache.spark:spark-sql-kafka-0-10_2.13"
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 
 
+@functools.cache
 def spark_kafka_package(spark_version: str) -> str:
     """The Maven coordinates of Spark's Kafka connector for ``spark_version``: that
     version's, else the newest earlier patch release of the same minor version on Maven
@@ -363,7 +444,7 @@ def _spark_progress(p: dict[str, Any]) -> dict[str, Any]:
 ALIGN = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def run_bytewax(spec: Spec, ds: data.Dataset, workdir: Path,
+def run_bytewax(spec: Spec, ds: data.EventFiles, workdir: Path,
                 kafka: tuple[str, str] | None = None) -> dict[str, Any]:
     """Bytewax (one worker, ``run_main``): a Parquet-files source yielding one file per
     input batch (with ``kafka``: its ``KafkaSource`` with ``tail=False``, each JSON
@@ -384,7 +465,7 @@ def run_bytewax(spec: Spec, ds: data.Dataset, workdir: Path,
 
     paths = ds.file_paths()
 
-    class FilesPartition(StatefulSourcePartition):
+    class FilesPartition(StatefulSourcePartition):  # type: ignore[misc, unused-ignore]
         def __init__(self, start: int) -> None:
             self.i = start
 
@@ -401,21 +482,21 @@ def run_bytewax(spec: Spec, ds: data.Dataset, workdir: Path,
         def snapshot(self) -> int:
             return self.i
 
-    class FilesSource(FixedPartitionedSource):
+    class FilesSource(FixedPartitionedSource):  # type: ignore[misc, unused-ignore]
         def list_parts(self) -> list[str]:
             return ["files"]
 
         def build_part(self, step_id: str, for_part: str, resume_state: Any) -> FilesPartition:
             return FilesPartition(resume_state or 0)
 
-    class ListPartition(StatelessSinkPartition):
+    class ListPartition(StatelessSinkPartition):  # type: ignore[misc, unused-ignore]
         def __init__(self, target: list[Any]) -> None:
             self.target = target
 
         def write_batch(self, items: list[Any]) -> None:
             self.target.extend(items)
 
-    class ListSink(DynamicSink):
+    class ListSink(DynamicSink):  # type: ignore[misc, unused-ignore]
         def __init__(self, target: list[Any]) -> None:
             self.target = target
 
@@ -510,7 +591,7 @@ def run_bytewax(spec: Spec, ds: data.Dataset, workdir: Path,
 # --------------------------------------------------------------------------- Quix Streams
 
 
-def run_quix(spec: Spec, ds: data.Dataset, workdir: Path, *, bootstrap: str,
+def run_quix(spec: Spec, ds: data.EventFiles, workdir: Path, *, bootstrap: str,
              topic: str) -> dict[str, Any]:
     """Quix Streams over a Kafka topic holding the same rows in arrival order (key: card
     id, value: JSON, message timestamp: event time): one partition, or Q5's three.
@@ -577,21 +658,27 @@ def run_quix(spec: Spec, ds: data.Dataset, workdir: Path, *, bootstrap: str,
 # --------------------------------------------------------------------------- entry point
 
 
-def run(engine: str, spec: Spec, quick: bool, workdir: Path, *, bootstrap: str | None,
-        topic: str | None) -> dict[str, Any]:
-    ds = spec.dataset(quick)
-    kafka = None
-    if engine == "quix" or (spec.kafka_partitions and engine != "polars-oneshot"):
-        if not bootstrap or not topic:
-            raise SystemExit(f"{engine} on {spec.name} reads Kafka: it needs --bootstrap "
-                             "and --topic")
-        kafka = (bootstrap, topic)
+def kafka_source(engine: str, spec: Spec, bootstrap: str | None,
+                 topic: str | None) -> tuple[str, str] | None:
+    """(bootstrap, topic) when ``engine`` reads ``spec``'s rows from Kafka (Quix always;
+    every streaming engine on Q5), else None."""
+    if engine != "quix" and not (spec.kafka_partitions and engine != "polars-oneshot"):
+        return None
+    if not bootstrap or not topic:
+        raise SystemExit(f"{engine} on {spec.name} reads Kafka: it needs --bootstrap "
+                         "and --topic")
+    return bootstrap, topic
+
+
+def run_once(engine: str, spec: Spec, ds: data.EventFiles, workdir: Path,
+             kafka: tuple[str, str] | None) -> dict[str, Any]:
+    """One run of ``spec`` on ``engine``, its output and checkpoints under ``workdir``."""
     if engine == "polars-oneshot":
         return run_oneshot(spec, ds, workdir)
-    if engine in ("microbatch", "microbatch-noop"):
+    if base_engine(engine) == "microbatch":
         return run_microbatch(spec, ds, workdir, noop=engine.endswith("noop"), kafka=kafka)
-    if engine in ("spark", "spark-noop"):
-        return run_spark(spec, ds, workdir, noop=engine.endswith("noop"), kafka=kafka)
+    if base_engine(engine) == "spark":
+        return run_spark(engine, spec, ds, workdir, kafka=kafka)
     if engine == "bytewax":
         return run_bytewax(spec, ds, workdir, kafka=kafka)
     if engine == "quix":
@@ -600,20 +687,54 @@ def run(engine: str, spec: Spec, quick: bool, workdir: Path, *, bootstrap: str |
     raise SystemExit(f"unknown engine {engine!r}")
 
 
+def run(engine: str, spec: Spec, quick: bool, workdir: Path, *, bootstrap: str | None,
+        topic: str | None,
+        on_run: Callable[[dict[str, dict[str, Any]]], None] | None = None,
+        ) -> dict[str, dict[str, Any]]:
+    """Run ``spec`` on ``engine`` cold, then warm in the same process (see the module
+    docstring), each in its own directory ``workdir/<phase>``; ``on_run`` gets the
+    results so far after each run. Returns ``{"cold": {...}, "warm": {...}}``."""
+    ds = spec.dataset(quick)
+    kafka = kafka_source(engine, spec, bootstrap, topic)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for phase in PHASES:
+            phase_dir = workdir / phase
+            shutil.rmtree(phase_dir, ignore_errors=True)
+            phase_dir.mkdir(parents=True)
+            results[phase] = run_once(engine, spec, ds, phase_dir, kafka)
+            if on_run is not None:
+                on_run(results)
+    finally:
+        stop_spark()
+    return results
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """Write ``doc`` to ``path`` atomically (a reader never sees half of it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, default=str))
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compare_engines")
-    parser.add_argument("engine", choices=ENGINES)
+    parser.add_argument("engine", choices=ALL_ENGINES)
     parser.add_argument("workload", choices=list(WORKLOADS))
     parser.add_argument("workdir", type=Path)
     parser.add_argument("result", type=Path)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--bootstrap")
     parser.add_argument("--topic")
+    parser.add_argument("--data", type=Path, metavar="DIR",
+                        help="read the events from DIR's Parquet files (name order)")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    result = run(args.engine, WORKLOADS[args.workload], args.quick, args.workdir,
-                 bootstrap=args.bootstrap, topic=args.topic)
-    args.result.write_text(json.dumps(result, default=str))
+    spec = WORKLOADS[args.workload]
+    if args.data is not None:
+        spec = dataclasses.replace(spec, data_dir=args.data)
+    run(args.engine, spec, args.quick, args.workdir, bootstrap=args.bootstrap,
+        topic=args.topic, on_run=lambda results: write_json(args.result, results))
     return 0
 
 

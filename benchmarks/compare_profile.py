@@ -1,52 +1,57 @@
-"""Where this engine's time goes on one compared workload.
+"""Where this engine's time goes on one compared workload, in the warm run.
 
-``python -m benchmarks.compare_profile WORKLOAD [--quick] [--step STEP] [--top N]``
+``python -m benchmarks.compare_profile WORKLOAD [--quick] [--data DIR] [--cold]
+[--step STEP] [--top N]``
 
 Runs the engine's query of ``WORKLOAD`` (see :mod:`benchmarks.compare_engines`)
-into a Parquet sink once, prints each lifecycle step's total and median from
+into a Parquet sink twice in this process, as the comparison does: a cold run
+(unprofiled, it pays the imports and first calls) and the same again, warm,
+profiled. Prints each lifecycle step's total and median from the warm run's
 ``query.recent_progress``, then a cProfile of one step (``execute`` by
-default; ``all`` profiles the whole batch) accumulated over every batch,
-sorted by own time and by cumulative time.
+default; ``all`` profiles the whole batch) accumulated over its batches,
+sorted by own time and by cumulative time. ``--cold`` profiles the first run
+instead (and runs only that one); ``--data DIR`` reads the events from
+``DIR`` as ``python -m benchmarks.compare --data DIR`` does.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import pstats
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
-from benchmarks.compare_engines import DELAY_S, Q4_THRESHOLD, WORKLOADS, _oneshot_case
+from benchmarks.compare_engines import WORKLOADS, Spec, microbatch_stream
 from benchmarks.measure import STEPS
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare_profile")
-    parser.add_argument("workload", choices=list(WORKLOADS))
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--step", default="execute",
-                        choices=["all", "read", "execute", "write_sink", "commit"])
-    parser.add_argument("--top", type=int, default=25)
-    args = parser.parse_args(argv)
+def run_query(spec: Spec, quick: bool, workdir: Path) -> tuple[float, list[dict[str, Any]]]:
+    """One available-now run of this engine's query of ``spec`` into Parquet under
+    ``workdir``: its wall seconds and progress records."""
+    ds = spec.dataset(quick)
+    t0 = time.perf_counter()
+    query = microbatch_stream(spec, ds).write_parquet(workdir / "out").start(
+        str(workdir / "chk"), trigger="available-now", retention=ds.files + 100)
+    query.await_termination()
+    return time.perf_counter() - t0, query.recent_progress
 
-    import microbatch as mb
-    from benchmarks import data
+
+@contextmanager
+def profiling(step: str) -> Iterator[cProfile.Profile]:
+    """Profile every call of the engine's ``step`` (``all``: the whole batch) while open."""
     from microbatch.engine.execution import MicroBatchExecution
-    from microbatch.sources.generator import GENERATOR_SCHEMA
 
-    spec = WORKLOADS[args.workload]
-    ds = spec.dataset(args.quick)
-    data.ensure(ds)
     profiler = cProfile.Profile()
-    method = {"all": "run_batch", "read": "read_inputs"}.get(args.step, args.step)
+    method = {"all": "run_batch", "read": "read_inputs"}.get(step, step)
     original = getattr(MicroBatchExecution, method)
 
     def profiled(self: Any, *a: Any, **kw: Any) -> Any:
@@ -57,35 +62,62 @@ def main(argv: list[str] | None = None) -> int:
             profiler.disable()
 
     setattr(MicroBatchExecution, method, profiled)
-    src = mb.read_files(ds.path, max_files_per_batch=spec.files_per_batch,
-                        schema=GENERATOR_SCHEMA)
-    if spec.query == "q4":
-        stream = src.filter(pl.col("amount") > Q4_THRESHOLD)
-    else:
-        stream = (src.with_watermark("event_time", f"{DELAY_S}s")
-                  .group_by(_oneshot_case(spec).window(), "card_id")
-                  .agg(pl.len().alias("n"), pl.col("amount").sum().alias("amount")))
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        query = stream.write_parquet(Path(tmp) / "out").start(
-            str(Path(tmp) / "chk"), trigger="available-now", retention=ds.files + 100)
-        query.await_termination()
-        wall = time.perf_counter() - t0
-        progress = query.recent_progress
-    rows = sum(int(p["input_rows"]) for p in progress)
-    print(f"{spec.name} ({'quick' if args.quick else 'full'}): {rows:,} rows, "
-          f"{len(progress)} batches, wall {wall:.2f} s ({rows / wall:,.0f} events/s; "
-          f"profiler on: slower than unprofiled)\n")
+    try:
+        yield profiler
+    finally:
+        setattr(MicroBatchExecution, method, original)
+
+
+def print_steps(progress: list[dict[str, Any]], wall: float) -> None:
+    """Each lifecycle step's total, median per batch and share of the wall clock."""
     print(f"{'step':12} {'total ms':>10} {'median ms':>10} {'share':>6}")
     for step in (*STEPS, "total"):
         values = [float(p["duration_ms"].get(step, 0.0)) for p in progress]
         print(f"{step:12} {sum(values):10.0f} {statistics.median(values):10.2f} "
               f"{sum(values) / (wall * 1000):6.0%}")
+
+
+def print_profile(profiler: cProfile.Profile, step: str, top: int) -> None:
+    """The ``top`` functions by own time, then by cumulative time."""
     for key in ("tottime", "cumulative"):
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).strip_dirs().sort_stats(key).print_stats(args.top)
-        print(f"\n--- cProfile of {method}, sorted by {key} ---")
+        pstats.Stats(profiler, stream=out).strip_dirs().sort_stats(key).print_stats(top)
+        print(f"\n--- cProfile of {step}, sorted by {key} ---")
         print("\n".join(out.getvalue().splitlines()[4:]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare_profile")
+    parser.add_argument("workload", choices=list(WORKLOADS))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--data", type=Path, metavar="DIR",
+                        help="read the events from DIR's Parquet files (name order)")
+    parser.add_argument("--cold", action="store_true",
+                        help="profile the first run in this process instead of the warm one")
+    parser.add_argument("--step", default="execute",
+                        choices=["all", "read", "execute", "write_sink", "commit"])
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+
+    from benchmarks import data
+
+    spec = WORKLOADS[args.workload]
+    if args.data is not None:
+        spec = dataclasses.replace(spec, data_dir=args.data)
+    data.ensure(spec.dataset(args.quick))
+    phase = "cold" if args.cold else "warm"
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.cold:
+            cold_wall, _ = run_query(spec, args.quick, Path(tmp) / "cold")
+            print(f"cold run (not profiled): {cold_wall:.2f} s")
+        with profiling(args.step) as profiler:
+            wall, progress = run_query(spec, args.quick, Path(tmp) / phase)
+    rows = sum(int(p["input_rows"]) for p in progress)
+    print(f"{spec.name} ({'quick' if args.quick else 'full'}), {phase} run: {rows:,} rows, "
+          f"{len(progress)} batches, wall {wall:.2f} s ({rows / wall:,.0f} events/s; "
+          f"profiler on: slower than unprofiled)\n")
+    print_steps(progress, wall)
+    print_profile(profiler, args.step, args.top)
     return 0
 
 

@@ -141,15 +141,13 @@ def summarize_case(case: WindowCase, cfg: Config, results: PhaseResults) -> Sect
     return section
 
 
-def check(case: WindowCase, ds: data.Dataset, run: dict[str, Any]) -> tuple[str, list[str]]:
+def check(case: WindowCase, ds: data.EventFiles,
+          run: dict[str, Any]) -> tuple[str, list[str]]:
     """Compare the engine's output with the reference; a verdict and details."""
     import microbatch as mb
 
-    rows_per_batch = ds.rows_per_file * run["files_per_batch"]
-    lf = pl.scan_parquet(ds.path / "*.parquet").with_columns(
-        (pl.col("event_id") // rows_per_batch).alias("batch"),
-        pl.col("event_time").dt.epoch("ms").alias("t"),
-    )
+    lf = data.batch_frames(ds, run["files_per_batch"]).with_columns(
+        pl.col("event_time").dt.epoch("ms").alias("t"))
     marks = (
         lf.group_by("batch").agg(pl.col("t").max().alias("bmax")).sort("batch")
         .with_columns((pl.col("bmax").cum_max() - DELAY_MS).shift(1).alias("wm"))

@@ -2,8 +2,10 @@
 
 Runs ``python -m benchmarks.compare q4 --quick`` for this engine and the one-shot
 limit only (the peers are optional extras, never needed by ``make test``) and
-checks the report: the at-a-glance matrix, our output checked row for row
-against the one-shot result, and a clear reason for every peer left out.
+checks the report: the at-a-glance matrix with cold and warm figures, each
+process's cold and warm run, our (warm) output checked row for row against the
+one-shot result and against our cold output, and a clear reason for every peer
+left out.
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ def test_compare_runs_this_engine_against_the_one_shot_limit(tmp_path: Path) -> 
     doc = json.loads((out / "compare.json").read_text())
     ours = doc["cells"]["q4"]["microbatch"]
     assert len(ours["runs"]) == 1
-    assert ours["runs"][0]["input_rows"] == 100_000
+    run = ours["runs"][0]  # one process: a cold run, then the same again warm
+    assert run["cold"]["input_rows"] == run["warm"]["input_rows"] == 100_000
     assert ours["check"].startswith("vs one-shot: agrees"), ours["check"]
+    assert "cold output = warm output" in ours["check"], ours["check"]
+    assert "cold · " in report
+    assert "/s warm" in report
     if missing_peer:  # said clearly, not a crash
         assert "pyspark" in doc["cells"]["q4"]["spark"]["skipped"]
         assert "## Skipped peers" in report
