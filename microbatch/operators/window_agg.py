@@ -58,6 +58,7 @@ from microbatch.operators.base import (
     iso_ms,
     late_reason,
 )
+from microbatch.operators.packed_group_by import group_by_window_and_key
 from microbatch.plan.aggregates import TIME, AggSpec
 from microbatch.plan.event_time import event_time_ms
 from microbatch.plan.windows import WindowSpec, assign_windows
@@ -300,14 +301,12 @@ class WindowAggregate(SingleStoreOperator):
                 ctx.late_rows.append(late)
             # NOTE: no maintain_order: the order of groups changes no result (a key has
             # one partial row per batch, and the buffer keeps batches in arrival order)
-            partials = (
-                live.group_by(self._state_keys())
-                .agg([e for a in self.aggs for e in a.partials(df.schema)])
-                .with_columns(
-                    (pl.col(WS) + self.window.size_ms).alias(EXPIRE),
-                    pl.lit(-1, pl.Int64).alias(REV),
-                )
-                .pipe(collect)
+            partials = group_by_window_and_key(
+                collect(live), WS, self.keys, self.window.slide_ms,
+                [e for a in self.aggs for e in a.partials(df.schema)],
+            ).with_columns(
+                (pl.col(WS) + self.window.size_ms).alias(EXPIRE),
+                pl.lit(-1, pl.Int64).alias(REV),
             )
             buffer.append(partials)
         closed = self._combine(buffer.pop_expired(wm)) if wm is not None else None
@@ -328,11 +327,11 @@ class WindowAggregate(SingleStoreOperator):
             return partials
         # NOTE: rechunked so that the sums run over one contiguous array however the
         # rows were held: a replay from a snapshot gives bit-identical floats
-        merged = (
-            partials.rechunk()
-            .group_by(self._state_keys())
-            .agg(*[e for a in self.aggs for e in a.merges()], pl.col(EXPIRE).first(),
-                 pl.col(REV).first())
+        assert self.window is not None
+        merged = group_by_window_and_key(
+            partials.rechunk(), WS, self.keys, self.window.slide_ms,
+            [*[e for a in self.aggs for e in a.merges()], pl.col(EXPIRE).first(),
+             pl.col(REV).first()],
         )
         return merged.select(list(self.row_schema))
 
