@@ -434,6 +434,11 @@ class KafkaSource(Source):
         from confluent_kafka import TopicPartition
 
         assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        # NOTE: librdkafka keeps a partition paused across unassign + assign: without
+        # this resume a repositioned paused partition never delivers again
+        paused = [TopicPartition(k[0], k[1]) for k in starts if k in assigned and k in self._paused]
+        if paused:
+            consumer.resume(paused)
         again = [TopicPartition(k[0], k[1]) for k in starts if k in assigned]
         if again:
             consumer.incremental_unassign(again)

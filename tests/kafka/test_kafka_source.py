@@ -109,6 +109,34 @@ def test_a_flooding_partition_is_paused_and_resumed_without_losing_a_record(
     assert held_max <= src._leftover_limit + 100_000  # + one consume() result at most
 
 
+def test_a_paused_partition_read_again_from_an_earlier_offset_delivers(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """A re-read (a batch re-run, a read-ahead that guessed another range) moves a
+    paused partition back: it must be resumed, or it never delivers again and the
+    read stalls until broker_timeout."""
+    topic = new_topic(3)
+    sizes = {0: 60_000, 1: 3_000, 2: 3_000}
+    parts = [p for p, n in sizes.items() for _ in range(n)]
+    produce(bootstrap, topic, [f"{p}".encode() for p in parts], partitions=parts)
+    src = opened(KafkaSource(topic, bootstrap=bootstrap, format="raw", broker_timeout="20s",
+                             max_records_per_batch=2_000, metadata_columns=("partition",)))
+    try:
+        start = src.initial_offset()
+        end = src.latest_offset(start)
+        first = src.read(start, end).data
+        second_end = src.latest_offset(end)
+        src.read(end, second_end)
+        paused = set(src._paused)
+        assert f"{topic}:0" in {f"{t}:{p}" for t, p in paused}, "partition 0 was not paused"
+        t0 = time.monotonic()
+        again = src.read(start, end).data  # moves every partition back, the paused one too
+        assert again.equals(first)
+        assert time.monotonic() - t0 < 10
+    finally:
+        src.close()
+
+
 def test_query_reads_everything_once_with_per_partition_watermarks(
     bootstrap: str, new_topic: Callable[..., str], tmp_path: Path, table_name: str
 ) -> None:
