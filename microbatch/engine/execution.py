@@ -357,7 +357,6 @@ class MicroBatchExecution:
             self.plans_started += 1
             plan_no = self.plans_started
         ranges: dict[str, tuple[Offset, Offset]] = {}
-        has_data = False
         for sid, source in self.sources.items():
             start = self.committed[sid]
             end = source.latest_offset(start, capped=capped)
@@ -366,7 +365,9 @@ class MicroBatchExecution:
                 if source.compare(end, start) < 0:
                     end = start
             ranges[sid] = (start, end)
-            has_data = has_data or source.compare(end, start) > 0
+        # NOTE: a read-ahead ending within what is available now is the next batch
+        ranges = self.read_ahead.ends_within(ranges) or ranges
+        has_data = any(self.sources[sid].compare(e, s) > 0 for sid, (s, e) in ranges.items())
         next_watermark = self.tracker.current
         watermark_moved = next_watermark != self.watermark_in_force
         now_ms = int(self.clock() * 1000)

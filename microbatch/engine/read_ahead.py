@@ -5,11 +5,15 @@ range of batch N+1 is already known while batch N is being written: it
 starts where N ends and is capped by the source's per-batch limit. Reading it
 on a background thread overlaps the source's decode with the sink's encode.
 
-Nothing about batch N+1 is decided here: it is still planned, written ahead
-and recorded as usual, and the read-ahead result is used only when the
-planned ranges are exactly the ones read (sources return the same rows for the
-same range, so the result is the same as a fresh read). Otherwise it is
-dropped. The engine waits for a read-ahead to finish before it plans again,
+Batch N+1 is still planned, written ahead and recorded as usual. The
+planner adopts a read-ahead's end offsets when they do not pass what the
+sources have now (:meth:`ReadAhead.ends_within`): on a live source (a Kafka
+topic still being written to) the latest offsets move between the guess and
+the plan, and a batch planned afresh would never match, so every read-ahead
+would be wasted and its records read twice. The read-ahead result is used
+only when the planned ranges are exactly the ones read (sources return the
+same rows for the same range, so the result is the same as a fresh read).
+Otherwise it is dropped. The engine waits for a read-ahead to finish before it plans again,
 so a source is never used by two threads at once.
 """
 
@@ -52,6 +56,19 @@ class ReadAhead:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="microbatch-read-ahead")
         self._ranges = ranges
         self._future = self._pool.submit(read_ranges, self.sources, ranges)
+
+    def ends_within(self, ranges: Ranges) -> Ranges | None:
+        """The read-ahead's ranges when each starts where ``ranges`` does and ends
+        no later (``ranges``: what the sources offer now), else ``None``."""
+        mine = self._ranges
+        if mine is None or mine.keys() != ranges.keys():
+            return None
+        for sid, (start, end) in ranges.items():
+            source = self.sources[sid]
+            my_start, my_end = mine[sid]
+            if source.compare(my_start, start) != 0 or source.compare(my_end, end) > 0:
+                return None
+        return dict(mine)
 
     def wait(self) -> None:
         """Block until the background read (if any) finished; keep its result."""
