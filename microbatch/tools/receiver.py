@@ -130,6 +130,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length)
+        if len(body) < length:
+            # NOTE: the client went away mid-body (killed): an HTTP server never sees such a
+            # request as received, so it must not be logged or judged (as a conflict)
+            self.close_connection = True
+            return
         status, headers, answer = self.receiver.handle(
             self.headers.get("Idempotency-Key", ""), body)
         self._answer(status, headers, answer)
