@@ -160,3 +160,19 @@ def test_two_queries_over_one_stream_write_identical_rows(tmp_path: Path) -> Non
         in_memory.select("card_id", "payments", "total"),
         "memory table vs Delta table",
     )
+
+
+def test_a_group_by_with_few_groups_sums_floats_the_same_way_every_time() -> None:
+    """Root cause of a keyless window's sums differing between runs: Polars'
+    partitioned group_by (few groups) combines per-thread partial sums in the
+    order the threads finish; microbatch.frames turns it off."""
+    rng = np.random.default_rng(1)
+    n = 1_000_000
+    df = pl.DataFrame({"w": rng.integers(0, 3, n), "x": rng.random(n) * 1000})
+    assert os.environ.get("POLARS_NO_PARTITION") is not None
+    sums = {
+        collect(df.lazy().group_by("w").agg(pl.col("x").sum()).sort("w"))["x"]
+        .to_numpy().tobytes()
+        for _ in range(20)
+    }
+    assert len(sums) == 1
