@@ -58,3 +58,9 @@ class JobError(MicrobatchError):
 
 class QueryTerminatedError(MicrobatchError):
     """A streaming query stopped because a batch failed; ``__cause__`` holds why."""
+
+
+class ExecutorError(MicrobatchError):
+    """The executor that runs a query's plan elsewhere (Ray) is unusable: its
+    extra is not installed, its cluster cannot be reached, or its workers kept
+    dying; the batch was not committed and re-runs from the checkpoint."""

@@ -44,7 +44,8 @@ import polars as pl
 
 from microbatch.checkpoint import Checkpoint, CommitEntry, OffsetEntry
 from microbatch.engine.durability import Durability, durability_level
-from microbatch.engine.executor import BatchExecutor, input_frame
+from microbatch.engine.executor import input_frame
+from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner
 from microbatch.engine.faults import fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
 from microbatch.engine.trigger_loops import loop_for
@@ -142,6 +143,7 @@ class MicroBatchExecution:
         clock: Callable[[], float] = time.time,
         name: str | None = None,
         durability: Durability = "fsync",
+        executor: Executor | None = None,
     ) -> None:
         self.plan = plan
         self.durability = durability
@@ -157,7 +159,9 @@ class MicroBatchExecution:
         self.clock = clock
         self.name = name
         self.sources: dict[str, Source] = {str(i): s for i, s in enumerate(plan.sources())}
-        self.executor = BatchExecutor(plan, output_mode=output_mode)
+        self.executor: PlanRunner = (executor or LocalExecutor()).runner(
+            plan, output_mode=output_mode, durability=durability
+        )
         self.tracker = self.executor.tracker
         self.watermark_in_force: int | None = None
         self.input_schemas: dict[str, pl.Schema] = {}
@@ -215,8 +219,12 @@ class MicroBatchExecution:
         )
 
     def close(self) -> None:
-        """Close sources and sinks and release the lock (idempotent)."""
+        """Close sources, sinks and the executor, and release the lock (idempotent)."""
         self.read_ahead.close()
+        try:
+            self.executor.close()
+        except Exception:
+            log.exception("error while closing the executor")
         for closer in [s.close for s in self.sources.values()] + [self.sink.close]:
             try:
                 closer()
@@ -544,6 +552,7 @@ class MicroBatchExecution:
             if isinstance(self.sink, LatencyProbe)
             else None,
             previous=self.progress.recent[-1] if self.progress.recent else None,
+            executor=self.executor.batch_profile(),
         )
         record = progress_record(facts, now_ms=int(self.clock() * 1000))
         self.falling_behind = record["falling_behind"]

@@ -14,7 +14,7 @@ from typing import Any
 import polars as pl
 
 from microbatch.engine.watermark import PARTITION_COLUMN, WatermarkSpec, WatermarkTracker
-from microbatch.exceptions import PlanError
+from microbatch.exceptions import IncompatibleCheckpointError, PlanError
 from microbatch.frames import collect
 from microbatch.operators.base import OperatorContext, StatefulOperator, check_operator_set
 from microbatch.operators.join_state import BinaryOperator
@@ -39,6 +39,9 @@ from microbatch.sources.base import Source
 from sinks.base import OutputMode
 
 HIDDEN = "^__mb_.*$"
+SHARD_FILE = "shards.json"
+"""``state/shards.json``: a scaled-out query's shard count and key, fixed for
+the checkpoint's life (:mod:`microbatch.distributed.sharding`)."""
 
 
 def source_ids(plan: PlanNode) -> dict[int, str]:
@@ -116,6 +119,9 @@ class BatchExecutor:
         validate_joins(plan, output_mode)
         self.tracker = WatermarkTracker(specs)
         self.operators: list[StatefulOperator] = list(self._ops.values())
+        # a node's position in plan.walk(): the same in every process given the plan
+        self.positions: dict[int, int] = {id(node): i for i, node in enumerate(plan.walk())}
+        self._exchanged: Mapping[tuple[int, int], pl.DataFrame] = {}
 
     def node_ids(self) -> dict[int, str]:
         """Plan node (``id(node)``) -> its id here: ``agg-0``, ``wm-0``, or a
@@ -133,18 +139,55 @@ class BatchExecutor:
     def open(self, state_root: Path | None, batch_id: int) -> None:
         """Bind operators to their state directories before batch ``batch_id``."""
         if state_root is not None:
+            refuse_sharded(state_root)
             check_operator_set(state_root, batch_id, self.operators)
         for op in self.operators:
             op.open(None if state_root is None else state_root / op.operator_id, batch_id)
 
-    def execute(self, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext) -> pl.DataFrame:
-        """The result rows of this batch, given each source's rows by id."""
-        out = collect(self._lazy(self.plan, inputs, ctx))
+    def execute(
+        self,
+        inputs: Mapping[str, pl.DataFrame],
+        ctx: OperatorContext,
+        exchanged: Mapping[tuple[int, int], pl.DataFrame] | None = None,
+    ) -> pl.DataFrame:
+        """The result rows of this batch, given each source's rows by id.
+
+        ``exchanged`` gives the input rows of stateful nodes directly, by
+        (position in ``plan.walk()``, input side): a shard of a scaled-out query
+        receives them from the workers that ran the stateless steps.
+        """
+        self._exchanged = exchanged or {}
+        try:
+            out = collect(self._lazy(self.plan, inputs, ctx))
+        finally:
+            self._exchanged = {}
         return (
             out.select(pl.exclude(HIDDEN))
             if any(c.startswith("__mb_") for c in out.columns)
             else out
         )
+
+    def stateless_inputs(
+        self,
+        frontier: list[tuple[int, int]],
+        inputs: Mapping[str, pl.DataFrame],
+        ctx: OperatorContext,
+    ) -> dict[tuple[int, int], pl.DataFrame]:
+        """The input rows of the stateful nodes at ``frontier`` (position, side):
+        their subtrees hold only stateless steps and watermark nodes."""
+        nodes = list(self.plan.walk())
+        return {
+            (pos, side): collect(self._lazy(nodes[pos].children[side], inputs, ctx))
+            for pos, side in frontier
+        }
+
+    def _input(
+        self, node: PlanNode, side: int, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext
+    ) -> pl.DataFrame:
+        got = self._exchanged.get((self.positions[id(node)], side))
+        if got is not None:
+            return got
+        return collect(self._lazy(node.children[side], inputs, ctx))
 
     def _lazy(
         self, node: PlanNode, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext
@@ -158,14 +201,14 @@ class BatchExecutor:
             self.tracker.observe(self._wm_ids[id(node)], df, ctx.timestamp_ms)
             return df.lazy()
         if isinstance(node, AggregateNode | DedupeNode | FireOnceNode | TransformNode):
-            df = collect(self._lazy(node.child, inputs, ctx))
+            df = self._input(node, 0, inputs, ctx)
             df = df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
             return self._ops[id(node)].process(df, ctx).lazy()
         if isinstance(node, StaticJoinNode):
-            df = collect(self._lazy(node.child, inputs, ctx))
+            df = self._input(node, 0, inputs, ctx)
             return self._ops[id(node)].process(df, ctx).lazy()
         if isinstance(node, IntervalJoinNode | AsOfJoinNode | WindowJoinNode):
-            left, right = (self._visible(child, inputs, ctx) for child in node.children)
+            left, right = (self._visible(node, side, inputs, ctx) for side in (0, 1))
             if isinstance(node, WindowJoinNode):
                 return window_join(left, right, node).lazy()
             op = self._ops[id(node)]
@@ -174,10 +217,10 @@ class BatchExecutor:
         raise PlanError(f"the engine cannot run plan node {node.label()} yet")
 
     def _visible(
-        self, node: PlanNode, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext
+        self, node: PlanNode, side: int, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext
     ) -> pl.DataFrame:
         """A join input's rows of this batch without the engine's hidden columns."""
-        df = collect(self._lazy(node, inputs, ctx))
+        df = self._input(node, side, inputs, ctx)
         return df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
 
     def commit(self) -> None:
@@ -197,6 +240,25 @@ class BatchExecutor:
 
     def state_metrics(self) -> dict[str, Any]:
         return {op.operator_id: op.metrics() for op in self.operators}
+
+    def batch_profile(self) -> dict[str, Any] | None:
+        """``None``: the batch ran here (its step times are the record's)."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to release: the operators' stores live in this process."""
+
+
+def refuse_sharded(state_root: Path) -> None:
+    """Refuse to run a checkpoint of a scaled-out query in one process: its
+    state is split into shards that only the Ray executor reads."""
+    path = state_root / SHARD_FILE
+    if path.exists():
+        raise IncompatibleCheckpointError(
+            f"the checkpoint {state_root.parent} was written by a query scaled out on Ray: its "
+            f"state is split into shards ({path}). Run it with --workers N (or "
+            "writer.start(executor=mb.RayExecutor(...))), or start on a new checkpoint directory."
+        )
 
 
 def build_fire_once(node: FireOnceNode, operator_id: str) -> StatefulOperator:

@@ -9,7 +9,11 @@ Points, in lifecycle order: ``after_plan``, ``after_write_ahead``,
 ``after_read``, ``after_execute``, ``sink.after_data`` /
 ``sink.before_commit`` / ``sink.after_commit`` (inside sinks that have them),
 ``after_sink``, ``after_state_commit``, ``after_commit``,
-``after_report``.
+``after_report``; in the workers of a scaled-out query (Ray):
+``worker.map``, ``worker.reduce``, ``worker.commit``.
+
+With ``MICROBATCH_FAULT_ONCE=DIR`` each point fires once: a marker file in
+``DIR`` records that it did (a replaced worker does not die again there).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ POINTS = (
     "after_state_commit",
     "after_commit",
     "after_report",
+    "worker.map",
+    "worker.reduce",
+    "worker.commit",
 )
 
 
@@ -51,6 +58,13 @@ def fault_point(name: str, batch_id: int) -> None:
         return
     for point, batch in _armed():
         if point == name and (batch is None or batch == batch_id):
+            once = os.environ.get("MICROBATCH_FAULT_ONCE")
+            if once:
+                marker = os.path.join(once, f"{name}@{batch_id}")
+                try:
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    continue
             if os.environ.get("MICROBATCH_FAULT_ACTION") == "raise":
                 raise InjectedFault(f"injected fault at {name} in batch {batch_id}")
             os.kill(os.getpid(), signal.SIGKILL)

@@ -45,9 +45,16 @@ class WatermarkTracker:
 
     def observe(self, node_id: str, df: pl.DataFrame, batch_timestamp_ms: int) -> None:
         """Fold one batch's rows at a watermark node into the per-partition maxima."""
+        self.fold(node_id, self.maxima(node_id, df, batch_timestamp_ms), batch_timestamp_ms)
+
+    def maxima(
+        self, node_id: str, df: pl.DataFrame, batch_timestamp_ms: int
+    ) -> dict[str, int]:
+        """The maximum event time per source partition of rows seen at a node
+        (what :meth:`fold` takes; workers of a scaled-out query send these)."""
         spec = self.specs[node_id]
         if df.height == 0:
-            return
+            return {}
         ts = event_time_ms(spec.column, df.schema)
         part = (
             pl.col(PARTITION_COLUMN).cast(pl.String)
@@ -57,11 +64,16 @@ class WatermarkTracker:
         rows = df.lazy().select(part.alias("p"), ts.alias("t")).drop_nulls("t")
         if spec.max_future_skew_ms is not None:
             rows = rows.filter(pl.col("t") <= batch_timestamp_ms + spec.max_future_skew_ms)
-        maxima = collect(rows.group_by("p").agg(pl.col("t").max()))
+        found = collect(rows.group_by("p").agg(pl.col("t").max()))
+        return {str(p): int(t) for p, t in found.iter_rows()}  # one row per partition
+
+    def fold(self, node_id: str, maxima: Mapping[str, int], batch_timestamp_ms: int) -> None:
+        """Take per-partition maxima seen in a batch (max is order-free, so the
+        pieces of a batch may be folded in any order)."""
         seen = self.partitions[node_id]
-        for p, t in maxima.iter_rows():  # one row per partition, not per record
-            entry = seen.setdefault(str(p), {"max": int(t), "seen": batch_timestamp_ms})
-            entry["max"] = max(entry["max"], int(t))
+        for p, t in maxima.items():
+            entry = seen.setdefault(p, {"max": t, "seen": batch_timestamp_ms})
+            entry["max"] = max(entry["max"], t)
             entry["seen"] = batch_timestamp_ms
 
     def partition_report(self, batch_ms: int) -> list[dict[str, Any]]:

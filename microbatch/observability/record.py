@@ -29,7 +29,12 @@ JSON line on the ``microbatch.observability.progress`` logger. Fields:
 - ``late_rows``, ``dead_letter_rows``: this batch's;
 - ``sink``: output rows, write time and latency; ``latency_ms``:
   ``{"column", "rows", "max_ms", "median_ms"}`` of now minus event time of
-  the rows the sink took (see :mod:`microbatch.observability.latency`), or ``None``.
+  the rows the sink took (see :mod:`microbatch.observability.latency`), or ``None``;
+- ``executor``: ``None`` in one process; for a query on Ray workers
+  (:mod:`microbatch.distributed`): ``workers``, ``shards``, ``nodes``,
+  ``restarts``, the driver's wall time of each phase (``map_ms``,
+  ``reduce_ms``, ``commit_ms``), each worker's and shard's busy time, and the
+  rows and bytes exchanged between workers.
 """
 
 from __future__ import annotations
@@ -89,6 +94,9 @@ class BatchFacts:
     latency: Mapping[str, Any] | None
     previous: Mapping[str, Any] | None
     """The progress record of the batch before (``None`` for the first one)."""
+    executor: Mapping[str, Any] | None = None
+    """Where the plan ran, when not in this process: a scaled-out batch's
+    workers, shards, phase times and busy time per worker and shard."""
 
 
 def progress_record(facts: BatchFacts, *, now_ms: int) -> dict[str, Any]:
@@ -152,6 +160,7 @@ def progress_record(facts: BatchFacts, *, now_ms: int) -> dict[str, Any]:
             "metrics": _jsonable(f.sink_metrics),
         },
         "latency_ms": latency,
+        "executor": _jsonable(f.executor) if f.executor is not None else None,
     }
 
 
