@@ -6,12 +6,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-latency bench-kafka-latency bench-stateful bench-peers soak clean
+.PHONY: demo test lint bench bench-latency bench-kafka-latency bench-stateful bench-scale-out bench-peers soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,ray]'
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo 'warning: could not install chromium (tests/observability renders the report with it)'; fi
 	touch $(STAMP)
 
@@ -42,6 +42,11 @@ bench-kafka-latency: $(STAMP)
 # transform_with_state at 10k and 10M live keys against group_by (benchmarks/bench_stateful.py).
 bench-stateful: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_stateful $(ARGS)
+
+# The Ray executor's cost per batch against one process, and the scaling model
+# (benchmarks/bench_scale_out.py; starts a local Ray cluster).
+bench-scale-out: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_scale_out $(ARGS)
 
 # This engine vs Spark Structured Streaming, Bytewax and Quix Streams on the same data
 # (benchmarks/compare.py). The peers live in their own venv: quixstreams pins an older

@@ -29,11 +29,14 @@ from microbatch.api import (
     read_parquet_output,
     table,
 )
+from microbatch.distributed import RayExecutor
+from microbatch.engine.executors import LocalExecutor
 from microbatch.exceptions import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointFormatError,
     CheckpointLockedError,
+    ExecutorError,
     IncompatibleCheckpointError,
     JobError,
     MicrobatchError,
@@ -58,14 +61,17 @@ __all__ = [
     "CheckpointFormatError",
     "CheckpointLockedError",
     "DataStreamWriter",
+    "ExecutorError",
     "IncompatibleCheckpointError",
     "JobError",
+    "LocalExecutor",
     "MemoryStream",
     "MicrobatchError",
     "Once",
     "PlanError",
     "ProcessingTime",
     "QueryTerminatedError",
+    "RayExecutor",
     "SourceError",
     "StateInput",
     "StateOutput",

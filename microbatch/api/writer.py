@@ -13,6 +13,7 @@ from microbatch.api.query import StreamingQuery
 from microbatch.checkpoint import Checkpoint
 from microbatch.engine.durability import DURABILITY_LEVELS, Durability
 from microbatch.engine.execution import MicroBatchExecution
+from microbatch.engine.executors import Executor
 from microbatch.exceptions import PlanError
 from microbatch.observability.latency import LatencyProbe, latency_columns
 from microbatch.plan.nodes import AggregateNode, PlanNode, WatermarkNode, is_aggregated
@@ -74,6 +75,7 @@ class DataStreamWriter:
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         durability: Durability = "fsync",
+        executor: Executor | None = None,
     ) -> StreamingQuery:
         """Start the query in a background thread and return its handle.
 
@@ -111,6 +113,11 @@ class DataStreamWriter:
             batch survives the process crashing or being killed, not the
             machine (see :mod:`microbatch.engine.durability`). For tiny batches
             on slow disks.
+        executor
+            Where the plan runs: in this process (``None``, the default:
+            :class:`~microbatch.LocalExecutor`) or on Ray workers
+            (:class:`~microbatch.RayExecutor`, ``pip install 'microbatch[ray]'``),
+            with the same results and guarantees.
 
         Returns
         -------
@@ -179,6 +186,7 @@ class DataStreamWriter:
             retention=retention,
             name=name,
             durability=durability,
+            executor=executor,
         )
         return StreamingQuery(execution, name=name)._start(
             metrics_port=metrics_port, metrics_host=metrics_host

@@ -28,6 +28,7 @@ from microbatch.cli.display import (
     out,
 )
 from microbatch.engine.durability import Durability
+from microbatch.engine.executors import Executor
 from microbatch.exceptions import QueryTerminatedError
 from microbatch.plan.triggers import Trigger, parse_trigger
 
@@ -119,6 +120,7 @@ def _run_query(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     durability: Durability = "fsync",
+    executor: Executor | None = None,
 ) -> tuple[StreamingQuery, RunStats, QueryTerminatedError | None]:
     """Start ``writer`` and follow it until it ends.
 
@@ -129,7 +131,8 @@ def _run_query(
     """
     baseline = _latest_progress_id(checkpoint)
     query = writer.start(checkpoint, trigger, name=name, metrics_port=metrics_port,
-                         metrics_host=metrics_host, durability=durability)
+                         metrics_host=metrics_host, durability=durability,
+                         executor=executor)
     stopper.attach(query)
     if query.metrics_url:
         display.note(f"serving Prometheus metrics on {query.metrics_url}")
@@ -214,6 +217,13 @@ def run(
         help="fsync: a committed batch survives a power loss. process: the same atomic "
              "writes without fsyncs; survives the process crashing, not the machine "
              "(for tiny batches on slow disks).")] = DurabilityOption.fsync,
+    workers: Annotated[int | None, typer.Option(
+        min=1, metavar="N",
+        help="Run the plan on N Ray workers (needs microbatch[ray]); a local Ray cluster "
+             "is started unless --ray-address is given.")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        metavar="ADDR", help="The Ray cluster to run the workers on (host:port or "
+                             "ray://host:port); implies --workers 2 unless given.")] = None,
 ) -> None:
     """Run a job file until its trigger ends or SIGINT/SIGTERM stops it."""
     from microbatch.cli.jobfile import build_writer
@@ -222,13 +232,19 @@ def run(
         with StopOnSignal() as stopper:
             params = parse_params(param or [])
             spec = parse_trigger(trigger)
+            executor = None
+            if workers is not None or ray_address is not None:
+                from microbatch.distributed import RayExecutor
+
+                executor = RayExecutor(workers=workers or 2, address=ray_address)
             writer = build_writer(job, params)
             display = LiveLine("microbatch") if out.is_terminal else BatchLines()
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name=name, stopper=stopper, display=display,
                                              metrics_port=metrics_port,
                                              metrics_host=metrics_host,
-                                             durability=durability.value)
+                                             durability=durability.value,
+                                             executor=executor)
     except user_errors() as exc:
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:

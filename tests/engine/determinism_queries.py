@@ -92,11 +92,12 @@ QUERIES: dict[str, Callable[[], mb.Stream]] = {
 }
 
 
-def run(name: str) -> pl.DataFrame:
+def run(name: str, executor: mb.LocalExecutor | mb.RayExecutor | None = None) -> pl.DataFrame:
     """Every row the query writes, in the order of its batches, on a fresh checkpoint."""
     table = f"determinism-{name}-{next(_runs)}"
     query = QUERIES[name]().write_memory(table).start(
-        checkpoint=tempfile.mkdtemp(prefix="mb-determinism-"), trigger="available-now"
+        checkpoint=tempfile.mkdtemp(prefix="mb-determinism-"), trigger="available-now",
+        executor=executor,
     )
     if not query.await_termination(300):
         raise RuntimeError(f"{name}: the query did not finish in 300 s")
