@@ -1,0 +1,244 @@
+"""Scale-out benchmark: what the Ray executor costs per batch, and a scaling model.
+
+The workload is Q1 (a 10 s tumbling window per card: count and sum, 10k cards)
+over in-memory batches of 1k, 100k and 1M rows. Each executor (local, Ray
+with 1, 2 and 4 workers, 2 shards per worker) runs ``--warm`` batches, then
+``--reps`` measured ones; a batch's time is the progress record's
+``duration_ms`` (plan to commit). The one-shot Polars limit is the same
+``group_by`` over all the measured rows at once.
+
+Per-batch overhead of Ray = Ray's median minus local's, and where it goes:
+``map_ms`` / ``reduce_ms`` / ``commit_ms`` are the driver's wall time of each
+phase, ``busy`` the workers' own compute time in them (the rest is the
+barrier: transfer, serialization, scheduling).
+
+The scaling model (printed last) extrapolates from the 1-worker records
+(the only run that is not contended on 2 cores): a batch costs ``driver``
+(plan, write-ahead, read, sink, commit log; serial) + ``barrier(1)`` (the
+phases' wall time beyond the worker's compute: dispatch, Arrow transfer,
+slicing and gathering on the driver) + ``3 * c * (W - 1)`` (each of the 3
+round trips pays ``c`` more per worker, ``c`` measured here on trivial calls)
++ ``work / W`` (the worker's compute of map, reduce and state commit, assumed
+to split evenly: no key skew, shards >= W, one worker per core, a network as
+fast as loopback for the rows exchanged).
+
+Run: ``.venv/bin/python -m benchmarks.bench_scale_out [--reps 5]``
+(``make bench-scale-out``; needs ``microbatch[ray]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+import microbatch as mb
+from microbatch.frames import collect
+
+CARDS = 10_000
+SIZES = (1_000, 100_000, 1_000_000)
+EXECUTORS = ("local", "ray-1", "ray-2", "ray-4")
+SCHEMA = {"card_id": pl.Int64, "event_time": pl.Datetime("ms", "UTC"), "amount": pl.Float64}
+
+
+def batches(rows: int, count: int, seed: int) -> list[pl.DataFrame]:
+    """``count`` batches of ``rows`` payments, event time moving 1 s per 1k rows."""
+    rng = np.random.default_rng(seed)
+    out = []
+    t0 = 1_767_225_600_000
+    for b in range(count):
+        base = t0 + b * rows  # 1 ms per row: windows close as batches go by
+        out.append(pl.DataFrame({
+            "card_id": rng.integers(0, CARDS, rows, dtype=np.int64),
+            "event_time": (base + np.arange(rows, dtype=np.int64)),
+            "amount": np.round(rng.random(rows) * 100, 2),
+        }).with_columns(pl.col("event_time").cast(pl.Datetime("ms", "UTC"))))
+    return out
+
+
+def query(src: mb.Stream) -> mb.Stream:
+    return (src.with_watermark("event_time", "1s")
+            .group_by(mb.window("event_time", "10s"), "card_id")
+            .agg(pl.len().alias("n"), pl.col("amount").sum().alias("total")))
+
+
+def run(executor: str, frames: list[pl.DataFrame], warm: int) -> list[dict[str, Any]]:
+    """The progress records of the measured batches."""
+    rows = frames[0].height
+    src = mb.read_memory(schema=SCHEMA, max_records_per_batch=rows)
+    ex = None if executor == "local" else mb.RayExecutor(
+        workers=int(executor.split("-")[1]), shards=2 * int(executor.split("-")[1]))
+    name = f"scale_{executor}_{rows}_{time.monotonic_ns()}"
+    q = query(src).write_memory(name).start(tempfile.mkdtemp(prefix="mb-scale-"),
+                                            trigger="0s", executor=ex)
+    try:
+        for frame in frames:
+            src.add(frame)
+            q.process_all_available(600)
+        records = [r for r in q.recent_progress if r["input_rows"] > 0]
+    finally:
+        q.stop()
+    return records[warm:]
+
+
+def one_shot_rows_per_s(frames: list[pl.DataFrame]) -> float:
+    data = pl.concat(frames)
+    lf = data.lazy().group_by(pl.col("event_time").dt.truncate("10s"), "card_id").agg(
+        pl.len().alias("n"), pl.col("amount").sum().alias("total"))
+    collect(lf)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        collect(lf)
+        times.append(time.perf_counter() - t)
+    return data.height / min(times)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
+    d = [r["duration_ms"] for r in records]
+    ex = [r.get("executor") or {} for r in records]
+    out = {
+        "ms": median([x["total"] for x in d]),
+        "execute": median([x.get("execute", 0.0) for x in d]),
+        "commit": median([x.get("commit", 0.0) for x in d]),
+        "read": median([x.get("read", 0.0) for x in d]),
+        "sink": median([x.get("sink", 0.0) for x in d]),
+    }
+    if any(ex):
+        busy = [sum(e.get("map_busy_ms", [])) + sum(e.get("shard_busy_ms", []))
+                + sum(e.get("commit_busy_ms", [])) for e in ex]
+        phases = [e.get("map_ms", 0) + e.get("reduce_ms", 0) + e.get("commit_ms", 0)
+                  for e in ex]
+        out.update(
+            map=median([e.get("map_ms", 0.0) for e in ex]),
+            reduce=median([e.get("reduce_ms", 0.0) for e in ex]),
+            wcommit=median([e.get("commit_ms", 0.0) for e in ex]),
+            busy=median(busy),
+            phases=median(phases),
+            exchanged_mb=median([e.get("exchanged_bytes", 0) / 1e6 for e in ex]),
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--warm", type=int, default=2)
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    args = parser.parse_args(argv)
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    print(f"# scale-out: Q1 (10 s windows, {CARDS:,} cards); {platform.processor() or ''} "
+          f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, Polars {pl.__version__}, "
+          f"Ray {ray.__version__}; medians of {args.reps} batches after {args.warm} warm")
+    print()
+    print("| rows/batch | executor | ms/batch | rows/s | vs local | vs one-shot | execute | "
+          "state commit | Ray overhead | map / reduce / commit (wall) | workers busy | "
+          "exchanged |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+    model: dict[str, dict[str, float]] = {}
+    for size in map(int, args.sizes.split(",")):
+        count = args.warm + args.reps
+        frames = batches(size, count, seed=size)
+        limit = one_shot_rows_per_s(frames[args.warm:])
+        local_ms = None
+        for executor in EXECUTORS:
+            s = summarize(run(executor, frames, args.warm))
+            if executor == "local":
+                local_ms = s["ms"]
+            rate = size / (s["ms"] / 1000)
+            over = "" if local_ms is None or executor == "local" else f"{s['ms'] - local_ms:+.1f}"
+            phases = (f"{s['map']:.1f} / {s['reduce']:.1f} / {s['wcommit']:.1f}"
+                      if "map" in s else "")
+            busy = f"{s['busy']:.1f}" if "busy" in s else ""
+            moved = f"{s['exchanged_mb']:.1f} MB" if "exchanged_mb" in s else ""
+            print(f"| {size:,} | {executor} | {s['ms']:.1f} | {rate:,.0f} | "
+                  f"{(local_ms or s['ms']) / s['ms']:.2f} | {rate / limit:.3f} | "
+                  f"{s['execute']:.1f} | {s['commit']:.1f} | {over} | {phases} | {busy} | "
+                  f"{moved} |", flush=True)
+            model[f"{size}:{executor}"] = s
+    print()
+    print_model(model, [int(x) for x in args.sizes.split(",")])
+    ray.shutdown()
+    return 0
+
+
+def fan_out_ms_per_worker() -> float:
+    """The driver's cost of one more worker in one round trip (a trivial call on
+    1 vs 4 actors, median of 200): what each phase pays per worker."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def ping(self) -> int:
+            return 0
+
+    actors = [Echo.remote() for _ in range(4)]
+    ray.get([a.ping.remote() for a in actors])
+
+    def timed(n: int) -> float:
+        samples = []
+        for _ in range(200):
+            t = time.perf_counter()
+            ray.get([a.ping.remote() for a in actors[:n]])
+            samples.append((time.perf_counter() - t) * 1000)
+        return statistics.median(samples)
+
+    one, four = timed(1), timed(4)
+    for actor in actors:
+        ray.kill(actor)
+    return max((four - one) / 3, 0.0)
+
+
+PHASES = 3
+"""Round trips per batch: map, reduce, commit."""
+
+
+def print_model(model: dict[str, dict[str, float]], sizes: list[int]) -> None:
+    """Extrapolate a batch's time to W workers on W cores (see module docstring)."""
+    c = fan_out_ms_per_worker()
+    print("## scaling model (from the 1-worker progress records above)")
+    print()
+    print(f"T(W) = driver + barrier(1) + {PHASES}·c·(W-1) + work / W, with c = {c:.2f} ms "
+          "(one more worker in one round trip, measured here)")
+    print()
+    print("| rows/batch | driver (serial) | barrier(1) | work (1 worker) | "
+          "4 cores | 16 cores | 64 cores | limit at 64 |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    for size in sizes:
+        one = model.get(f"{size}:ray-1")
+        if one is None:
+            continue
+        # NOTE: one worker runs uncontended: its busy time is the work that splits; the
+        # phases' wall time beyond it is the barrier (dispatch, Arrow transfer, slicing
+        # and gathering on the driver); the rest of the batch is the driver's own steps
+        driver = max(one["ms"] - one["execute"] - one["wcommit"], 0.0)
+        work = one["busy"]
+        barrier1 = one["phases"] - work
+        cells = []
+        for cores in (4, 16, 64):
+            t = driver + barrier1 + PHASES * c * (cores - 1) + work / cores
+            cells.append(f"{size / (t / 1000):,.0f} rows/s ({t:.0f} ms)")
+        at64 = {"driver": driver, "barrier": barrier1 + PHASES * c * 63, "work": work / 64}
+        limit = max(at64, key=lambda k: at64[k])
+        print(f"| {size:,} | {driver:.1f} ms | {barrier1:.1f} ms | {work:.1f} ms | "
+              f"{' | '.join(cells)} | {limit} |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
