@@ -95,11 +95,11 @@ class ShardedRunner:
 
     def open(self, state_root: Path | None, batch_id: int) -> None:
         """Connect to Ray, fix the shard layout, start the workers at ``batch_id``."""
-        self.connection.connect()
         if state_root is not None and self.template.has_state:
             self.layout = bind_layout(
                 state_root, self.layout, has_batches=batch_id > 0, explicit=self.explicit_shards
             )
+        self.connection.connect()
         if self.layout.mode == "single" and self.template.has_state and self.layout.shards > 1:
             log.warning(
                 "the stateful operators of this query have no key in common, so every row "
@@ -107,7 +107,7 @@ class ShardedRunner:
             )
         self.state_root = state_root
         self.batch_id = batch_id
-        self._start_workers()
+        self._with_replacement("start", batch_id, self._start_workers)
 
     def execute(self, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext) -> pl.DataFrame:
         self._last = (inputs, ctx)
@@ -142,8 +142,10 @@ class ShardedRunner:
         self._last = None
         try:
             self._get([a.abort.remote() for a in self.actors])
-        except _WorkerLost:
-            self._start_workers()
+        except _WorkerLost as lost:  # new workers load the committed state anyway
+            failure = lost
+            self._with_replacement("abort", self.batch_id,
+                                   lambda: self._replace(self.batch_id, failure))
 
     def has_expirable_state(self, watermark_ms: int | None) -> bool:
         if not self.template.has_state:

@@ -33,10 +33,9 @@ POINTS = (
     "after_state_commit",
     "after_commit",
     "after_report",
-    "worker.map",
-    "worker.reduce",
-    "worker.commit",
 )
+WORKER_POINTS = ("worker.map", "worker.reduce", "worker.commit")
+"""Points inside the Ray workers of a scaled-out query (not passed in one process)."""
 
 
 class InjectedFault(RuntimeError):
