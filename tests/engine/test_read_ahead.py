@@ -26,12 +26,27 @@ def test_a_query_falling_behind_uses_every_read_ahead(monkeypatch: pytest.Monkey
     src = mb.read_memory(pl.DataFrame({"x": [0]}), max_records_per_batch=None)
     stop = threading.Event()
     fed = [1]
+    lock = threading.Lock()
+
+    def feed_once() -> None:
+        with lock:
+            if stop.is_set():
+                return
+            src.add(pl.DataFrame({"x": list(range(fed[0], fed[0] + 100))}))
+            fed[0] += 100
 
     def feed() -> None:
         while not stop.is_set():
-            src.add(pl.DataFrame({"x": list(range(fed[0], fed[0] + 100))}))
-            fed[0] += 100
+            feed_once()
             time.sleep(0.01)
+
+    def arriving_during_execute(df: pl.DataFrame) -> pl.DataFrame:
+        # NOTE: the topic moves on while a batch executes. Left to the feeder thread
+        # alone, rows arrived mostly while the query thread slept in the sink (the
+        # only long GIL release), so a busy suite could see no new rows at read-ahead
+        # time in any of ten batches: the read-ahead was then rightly never started
+        feed_once()
+        return df
 
     seen: list[pl.DataFrame] = []
 
@@ -41,12 +56,14 @@ def test_a_query_falling_behind_uses_every_read_ahead(monkeypatch: pytest.Monkey
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    query = src.foreach_batch(slow_sink).start(trigger="100ms")
+    query = src.map_batches(arriving_during_execute).foreach_batch(slow_sink).start(
+        trigger="100ms")
     while len(seen) < 10:
         time.sleep(0.05)
-    stop.set()
+    with lock:
+        stop.set()
+        total = fed[0]
     feeder.join()
-    total = fed[0]
     query.process_all_available()
     query.stop()
     hits = query._exec.read_ahead.hits
