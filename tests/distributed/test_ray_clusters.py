@@ -124,3 +124,26 @@ def test_without_an_address_the_engine_starts_and_stops_a_local_cluster(tmp_path
     assert done.returncode == 0, done.stderr
     _assert_exactly_the_oracle(out, "window", tmp_path)
     assert _raylets() - before == set(), "the local Ray cluster outlived the job"
+
+
+def test_on_its_own_local_cluster_a_killed_worker_and_driver_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    """The harness's case: --workers 2 without an address, a Ray worker process
+    SIGKILLed mid-batch, then the driver SIGKILLed (its cluster dies with it), then
+    a restart that starts a new local cluster."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
+    fired = tmp_path / "fired"
+    fired.mkdir()
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    args = [sys.executable, "-m", "microbatch.cli", *_run_args(out, chk, "session", 2, None)]
+    killed = subprocess.run(args, env={**env, "MICROBATCH_FAULT": "worker.reduce@3,after_sink@6",
+                                       "MICROBATCH_FAULT_ONCE": str(fired)},
+                            capture_output=True, text=True, timeout=240)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert sorted(p.name for p in fired.iterdir()) == ["after_sink@6", "worker.reduce@3"]
+    env.pop("MICROBATCH_FAULT", None)
+    env.pop("MICROBATCH_FAULT_ONCE", None)
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr
+    _assert_exactly_the_oracle(out, "session", tmp_path)
