@@ -40,10 +40,10 @@ def _cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 24
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _run_args(out: Path, chk: Path, kind: str, workers: int | None, address: str | None
-              ) -> list[str]:
+def _run_args(out: Path, chk: Path, kind: str, workers: int | None, address: str | None,
+              *, batch: int = 1500) -> list[str]:
     args = ["run", str(JOB), "--checkpoint", str(chk), "--trigger", "available-now",
-            "--param", f"output={out}", "--param", f"kind={kind}"]
+            "--param", f"output={out}", "--param", f"kind={kind}", "--param", f"batch={batch}"]
     if workers is not None:
         args += ["--workers", str(workers)]
     if address is not None:
@@ -51,23 +51,23 @@ def _run_args(out: Path, chk: Path, kind: str, workers: int | None, address: str
     return args
 
 
-_oracles: dict[str, pl.DataFrame] = {}
+_oracles: dict[tuple[str, int], pl.DataFrame] = {}
 
 
-def _oracle(kind: str, tmp: Path) -> pl.DataFrame:
+def _oracle(kind: str, tmp: Path, batch: int) -> pl.DataFrame:
     """The job's rows run once in this process on the local executor."""
-    if kind not in _oracles:
-        out = tmp / f"oracle-{kind}"
-        writer = build_writer(JOB, {"output": str(out), "kind": kind})
-        query = writer.start(tmp / f"oracle-chk-{kind}", trigger="available-now")
+    if (kind, batch) not in _oracles:
+        out = tmp / f"oracle-{kind}-{batch}"
+        writer = build_writer(JOB, {"output": str(out), "kind": kind, "batch": str(batch)})
+        query = writer.start(tmp / f"oracle-chk-{kind}-{batch}", trigger="available-now")
         assert query.await_termination(300)
         assert query.exception is None
-        _oracles[kind] = mb.parquet_table(out)
-    return _oracles[kind]
+        _oracles[kind, batch] = mb.parquet_table(out)
+    return _oracles[kind, batch]
 
 
-def _assert_exactly_the_oracle(out: Path, kind: str, tmp: Path) -> None:
-    got, want = mb.parquet_table(out), _oracle(kind, tmp)
+def _assert_exactly_the_oracle(out: Path, kind: str, tmp: Path, batch: int = 1500) -> None:
+    got, want = mb.parquet_table(out), _oracle(kind, tmp, batch)
     assert want.height > 150
     assert got.height == want.height, f"{got.height} rows, the oracle has {want.height}"
     key = ["window_start", "card_id"]
@@ -121,27 +121,48 @@ def _shard_workers() -> list[int]:
     return pids
 
 
+def _wait_for_workers(proc: subprocess.Popen[str], timeout_s: float) -> list[int]:
+    """The ShardWorker processes once the job has started them ([] if it ended first)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        workers = _shard_workers()
+        if workers:
+            return workers
+        time.sleep(0.1)
+    return []
+
+
 def test_random_sigkills_of_driver_and_workers(ray_cluster: str, tmp_path: Path) -> None:
+    """Kills at random moments of the batches (timed from when the job's workers
+    exist, not from its start, which takes seconds more on a busy machine):
+    every other run loses a worker, then the driver."""
     out, chk = tmp_path / "out", tmp_path / "chk"
     rng = random.Random(15)
     kills = {"driver": 0, "worker": 0}
     for attempt in range(12):
         proc = subprocess.Popen(
             [sys.executable, "-m", "microbatch.cli",
-             *_run_args(out, chk, "window", rng.choice([1, 2]), ray_cluster)],
+             *_run_args(out, chk, "window", rng.choice([1, 2]), ray_cluster, batch=750)],
             env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
-        time.sleep(rng.uniform(2.0, 5.0))
-        workers = _shard_workers()
-        if proc.poll() is None and workers and rng.random() < 0.5:
-            os.kill(rng.choice(workers), signal.SIGKILL)
-            kills["worker"] += 1
-            time.sleep(rng.uniform(0.5, 2.0))
-        if proc.poll() is None and attempt < 8:
+        workers = _wait_for_workers(proc, 120)
+        time.sleep(rng.uniform(0.0, 1.5))
+        if proc.poll() is None and workers and attempt % 2 == 0:
+            try:
+                os.kill(rng.choice(_shard_workers() or workers), signal.SIGKILL)
+                kills["worker"] += 1
+            except ProcessLookupError:  # the job ended (its workers with it) meanwhile
+                pass
+            time.sleep(rng.uniform(0.5, 1.5))
+        if proc.poll() is None and attempt < 6:
             proc.kill()
             kills["driver"] += 1
         _, stderr = proc.communicate(timeout=240)
+        # the workers of a killed driver die with it (in ~0.1 s): gone before the next run
+        deadline = time.monotonic() + 30
+        while _shard_workers() and time.monotonic() < deadline:
+            time.sleep(0.1)
         if proc.returncode == 0:
             break
         assert proc.returncode == -signal.SIGKILL, stderr
@@ -149,7 +170,7 @@ def test_random_sigkills_of_driver_and_workers(ray_cluster: str, tmp_path: Path)
         pytest.fail(f"the job never finished ({kills})")
     assert kills["driver"] >= 2, kills
     assert kills["worker"] >= 1, kills
-    _assert_exactly_the_oracle(out, "window", tmp_path)
+    _assert_exactly_the_oracle(out, "window", tmp_path, batch=750)
 
 
 def test_workers_that_keep_dying_fail_the_query_with_a_clear_error(
