@@ -127,7 +127,11 @@ class ShardedRunner:
 
         def again() -> None:  # new workers: run the batch again, then commit
             if self._last is not None:
-                self._execute(*self._last)
+                inputs, ctx = self._last
+                # NOTE: a fresh context: the batch's late rows and metrics are already counted
+                self._execute(inputs, OperatorContext(batch_id=ctx.batch_id,
+                                                      watermark_ms=ctx.watermark_ms,
+                                                      timestamp_ms=ctx.timestamp_ms))
             commit_all()
 
         try:

@@ -25,6 +25,7 @@ import pytest
 
 import microbatch as mb
 from microbatch.cli.jobfile import build_writer
+from microbatch.observability.progress import load_progress
 
 JOB = Path(__file__).resolve().parent / "jobs" / "windowed_sessions.py"
 pytestmark = pytest.mark.slow
@@ -52,6 +53,7 @@ def _run_args(out: Path, chk: Path, kind: str, workers: int | None, address: str
 
 
 _oracles: dict[tuple[str, int], pl.DataFrame] = {}
+_oracle_late: dict[tuple[str, int], list[int]] = {}
 
 
 def _oracle(kind: str, tmp: Path, batch: int) -> pl.DataFrame:
@@ -63,6 +65,7 @@ def _oracle(kind: str, tmp: Path, batch: int) -> pl.DataFrame:
         assert query.await_termination(300)
         assert query.exception is None
         _oracles[kind, batch] = mb.parquet_table(out)
+        _oracle_late[kind, batch] = _late_rows(tmp / f"oracle-chk-{kind}-{batch}")
     return _oracles[kind, batch]
 
 
@@ -88,6 +91,13 @@ def test_a_worker_killed_mid_batch_is_replaced_and_the_batch_rerun(
     assert [p.name for p in fired.iterdir()] == [point], "the worker did not die there"
     assert "replacing the workers" in done.stderr
     _assert_exactly_the_oracle(out, "window", tmp_path)
+    # the re-run batch counts its late rows once, as one process does
+    assert _late_rows(chk) == _oracle_late["window", 1500]
+
+
+def _late_rows(chk: Path) -> list[int]:
+    return [r["late_rows"] for r in sorted(load_progress(chk / "progress", limit=1000),
+                                           key=lambda r: r["batch_id"])]
 
 
 def test_driver_killed_then_restarted_on_other_worker_counts(
