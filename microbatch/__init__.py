@@ -43,6 +43,7 @@ from microbatch.exceptions import (
     PlanError,
     QueryTerminatedError,
     SourceError,
+    StateBudgetExceededError,
     TransformError,
     TriggerError,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "QueryTerminatedError",
     "RayExecutor",
     "SourceError",
+    "StateBudgetExceededError",
     "StateInput",
     "StateOutput",
     "Stream",

@@ -6,6 +6,8 @@ where (batch id, file, source) and what the user can do about it.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MicrobatchError(Exception):
     """Base class of all errors raised by the engine."""
@@ -64,3 +66,40 @@ class ExecutorError(MicrobatchError):
     """The executor that runs a query's plan elsewhere (Ray) is unusable: its
     extra is not installed, its cluster cannot be reached, or its workers kept
     dying; the batch was not committed and re-runs from the checkpoint."""
+
+
+class StateBudgetExceededError(MicrobatchError):
+    """The query's state outgrew its ``state_memory_budget`` in a batch; the
+    message names the largest operators and how to bound them. The batch was
+    not committed: a restart with a larger budget, a TTL or a shorter window
+    re-runs it from the checkpoint.
+
+    Attributes: ``batch_id``, ``budget_bytes``, ``state_bytes`` and
+    ``operators`` (one dict per stateful operator, the largest first:
+    ``operator``, ``kind``, ``keys``, ``bytes``, ``rows``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        batch_id: int,
+        budget_bytes: int,
+        state_bytes: int,
+        operators: list[dict[str, Any]],
+    ) -> None:
+        super().__init__(message)
+        self.batch_id = batch_id
+        self.budget_bytes = budget_bytes
+        self.state_bytes = state_bytes
+        self.operators = operators
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with the keyword fields (a query's error may cross processes)."""
+        return (_budget_error, (str(self), self.batch_id, self.budget_bytes,
+                                self.state_bytes, self.operators))
+
+
+def _budget_error(message: str, batch_id: int, budget_bytes: int, state_bytes: int,
+                  operators: list[dict[str, Any]]) -> StateBudgetExceededError:
+    return StateBudgetExceededError(message, batch_id=batch_id, budget_bytes=budget_bytes,
+                                    state_bytes=state_bytes, operators=operators)

@@ -14,6 +14,7 @@ from microbatch.checkpoint import Checkpoint
 from microbatch.engine.durability import DURABILITY_LEVELS, Durability
 from microbatch.engine.execution import MicroBatchExecution
 from microbatch.engine.executors import Executor
+from microbatch.engine.state_budget import StateBudget
 from microbatch.exceptions import PlanError
 from microbatch.observability.latency import LatencyProbe, latency_columns
 from microbatch.plan.nodes import AggregateNode, PlanNode, WatermarkNode, is_aggregated
@@ -76,6 +77,7 @@ class DataStreamWriter:
         metrics_host: str = "127.0.0.1",
         durability: Durability = "fsync",
         executor: Executor | None = None,
+        state_memory_budget: int | str | None = None,
     ) -> StreamingQuery:
         """Start the query in a background thread and return its handle.
 
@@ -118,6 +120,14 @@ class DataStreamWriter:
             :class:`~microbatch.LocalExecutor`) or on Ray workers
             (:class:`~microbatch.RayExecutor`, ``pip install 'microbatch[ray]'``),
             with the same results and guarantees.
+        state_memory_budget
+            The most memory the query's state may hold, in bytes or as text
+            (``"512MB"``, ``"2GB"``; KB/MB/GB are powers of 1024 as in Spark and
+            Flink); ``None`` (default): no limit. Checked after every batch's
+            execute, before its sink: a batch whose state ends above it fails with
+            :class:`~microbatch.StateBudgetExceededError`, naming the largest
+            operators and how to bound them, and is not committed (restart with a
+            larger budget, a TTL or a shorter window to run it again, exactly once).
 
         Returns
         -------
@@ -127,7 +137,8 @@ class DataStreamWriter:
         Raises
         ------
         PlanError
-            When ``retention`` is below 1 or ``durability`` is unknown
+            When ``retention`` is below 1, ``durability`` is unknown or
+            ``state_memory_budget`` is not a positive size
             (:class:`~microbatch.TriggerError` for an unknown trigger).
         CheckpointError
             At once when the checkpoint is unusable: locked by a running query
@@ -168,6 +179,7 @@ class DataStreamWriter:
                 f"durability must be one of {', '.join(map(repr, DURABILITY_LEVELS))}, "
                 f"got {durability!r}"
             )
+        budget = StateBudget.of(state_memory_budget)
         root = (
             Path(checkpoint)
             if checkpoint is not None
@@ -187,6 +199,7 @@ class DataStreamWriter:
             name=name,
             durability=durability,
             executor=executor,
+            state_budget=budget,
         )
         return StreamingQuery(execution, name=name)._start(
             metrics_port=metrics_port, metrics_host=metrics_host

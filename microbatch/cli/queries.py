@@ -121,6 +121,7 @@ def _run_query(
     metrics_host: str = "127.0.0.1",
     durability: Durability = "fsync",
     executor: Executor | None = None,
+    state_memory_budget: str | None = None,
 ) -> tuple[StreamingQuery, RunStats, QueryTerminatedError | None]:
     """Start ``writer`` and follow it until it ends.
 
@@ -132,7 +133,7 @@ def _run_query(
     baseline = _latest_progress_id(checkpoint)
     query = writer.start(checkpoint, trigger, name=name, metrics_port=metrics_port,
                          metrics_host=metrics_host, durability=durability,
-                         executor=executor)
+                         executor=executor, state_memory_budget=state_memory_budget)
     stopper.attach(query)
     if query.metrics_url:
         display.note(f"serving Prometheus metrics on {query.metrics_url}")
@@ -224,6 +225,10 @@ def run(
     ray_address: Annotated[str | None, typer.Option(
         metavar="ADDR", help="The Ray cluster to run the workers on (host:port or "
                              "ray://host:port); implies --workers 2 unless given.")] = None,
+    state_memory_budget: Annotated[str | None, typer.Option(
+        metavar="SIZE", help="Stop with a clear error (exit 1), naming the operator and the "
+                             "fix, when the state outgrows SIZE (e.g. 512MB, 2GB) in a batch; "
+                             "the batch is not committed.")] = None,
 ) -> None:
     """Run a job file until its trigger ends or SIGINT/SIGTERM stops it."""
     from microbatch.cli.jobfile import build_writer
@@ -244,7 +249,8 @@ def run(
                                              metrics_port=metrics_port,
                                              metrics_host=metrics_host,
                                              durability=durability.value,
-                                             executor=executor)
+                                             executor=executor,
+                                             state_memory_budget=state_memory_budget)
     except user_errors() as exc:
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:

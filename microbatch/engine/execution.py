@@ -48,6 +48,7 @@ from microbatch.engine.executor import input_frame
 from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner
 from microbatch.engine.faults import fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
+from microbatch.engine.state_budget import StateBudget
 from microbatch.engine.trigger_loops import loop_for
 from microbatch.engine.watermark import PARTITION_COLUMN
 from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError
@@ -144,8 +145,10 @@ class MicroBatchExecution:
         name: str | None = None,
         durability: Durability = "fsync",
         executor: Executor | None = None,
+        state_budget: StateBudget | None = None,
     ) -> None:
         self.plan = plan
+        self.state_budget = state_budget
         self.durability = durability
         self.sink = sink
         self.output_mode = output_mode
@@ -327,6 +330,7 @@ class MicroBatchExecution:
             fault_point("after_read", batch.batch_id)
             with timer.step("execute"):
                 output, ctx = self.execute(batch, inputs)
+                self.check_state_budget(batch, ctx)
             fault_point("after_execute", batch.batch_id)
             self.start_read_ahead(batch, capped=capped, bounds=bounds)
             with timer.step("sink"):
@@ -473,6 +477,19 @@ class MicroBatchExecution:
         output = self.executor.execute(inputs, ctx)
         self.tracker.advance(batch.timestamp_ms)
         return output, ctx
+
+    def check_state_budget(self, batch: PlannedBatch, ctx: OperatorContext) -> None:
+        """End of step 4: refuse a batch whose state outgrew ``state_memory_budget``
+        (:mod:`microbatch.engine.state_budget`); nothing of it is committed."""
+        if self.state_budget is None or not self.executor.operators:
+            return
+        fallback = None
+        if any(op.operator_id not in ctx.metrics for op in self.executor.operators):
+            fallback = self.executor.state_metrics()  # an operator that did not run
+        self.state_budget.check(
+            batch.batch_id, ctx.metrics, self.executor.operators,
+            has_watermark=bool(self.tracker.specs), fallback=fallback,
+        )
 
     def write_sink(
         self, batch: PlannedBatch, output: pl.DataFrame, dead: pl.DataFrame, ctx: OperatorContext
