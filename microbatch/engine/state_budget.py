@@ -145,9 +145,10 @@ class StateBudget:
             f"the query's state holds {format_bytes(total)} ({total:,} bytes) in memory after "
             f"batch {batch_id}, over its {OPTION} of {self.spec} ({self.limit:,} bytes); largest: "
             f"{'; '.join(parts)}{more}. Batch {batch_id} was not committed. To bound the "
-            f"state: {_advice(largest, has_watermark)}; or give it more memory with a larger "
-            f"budget (writer.start(..., {OPTION}=...), microbatch run --state-memory-budget "
-            f"SIZE) and restart on this checkpoint: batch {batch_id} then runs again, once"
+            f"state: {_advice(largest, has_watermark)} (a changed operator needs a new "
+            f"checkpoint and a backfill); or give it more memory: a larger budget "
+            f"(writer.start(..., {OPTION}=...), microbatch run --state-memory-budget SIZE) "
+            f"restarts on this checkpoint, and batch {batch_id} then runs again, once"
         )
 
 

@@ -176,7 +176,7 @@ def test_the_check_costs_microseconds_per_batch() -> None:
     for batch_id in range(runs):
         budget.check(batch_id, metrics, ops, has_watermark=False)
     per_batch_us = (time.perf_counter() - t0) / runs * 1e6
-    assert per_batch_us < 200, per_batch_us  # measured ~2 us with 8 operators
+    assert per_batch_us < 200, per_batch_us  # measured ~5 us with 8 operators
 
 
 JOB = '''
