@@ -181,3 +181,72 @@ def test_a_checkpoint_write_without_space_names_the_file_and_leaves_no_temp(
     assert info.value.errno == errno.ENOSPC
     assert info.value.filename == str(target)
     assert list(target.parent.iterdir()) == []
+
+
+def test_state_snapshot_on_a_full_disk_leaves_a_recoverable_checkpoint(
+    tmp_path: Path, tiny_fs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint on a real 2 MB tmpfs that runs full exactly when the state
+    store writes a snapshot (the changelog of that version is already on disk):
+    the query stops with ENOSPC naming the state version, the batch stays
+    uncommitted; with space freed, a restart re-runs it, and a third run loads the
+    state from the files (snapshot + changelogs) written after the failure."""
+    from statestore import provider
+
+    init = provider.StateStoreProvider.__init__
+
+    def snapshot_often(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **{**kwargs, "max_changelog_chain": 3})  # a snapshot every 3 versions
+
+    write_arrow = provider.write_arrow  # type: ignore[attr-defined]
+    ballasts: list[Path] = []
+
+    def full_at_snapshot(path: Path, frame: pl.DataFrame, *, kind: Any, version: int,
+                         **kw: Any) -> int:
+        if kind == "snapshot" and not ballasts:  # the disk fills up now, for real
+            ballasts.append(fill(tiny_fs, leave=0))
+        return write_arrow(path, frame, kind=kind, version=version, **kw)
+
+    monkeypatch.setattr(provider.StateStoreProvider, "__init__", snapshot_often)
+    monkeypatch.setattr(provider, "write_arrow", full_at_snapshot)
+    chk = tiny_fs / "chk"
+    keys, per_batch = 5_000, 2_000
+    source = mb.read_memory(schema={"k": pl.Int64, "v": pl.Int64}, max_records_per_batch=per_batch)
+    i = pl.int_range(0, 5 * per_batch, dtype=pl.Int64, eager=True)
+    source.add(pl.DataFrame({"k": i % keys, "v": i}))
+    writer = source.group_by("k").agg(pl.col("v").sum(), pl.len().alias("n")).write_memory(
+        "disk_full_snapshot", output_mode="update")
+
+    query = writer.start(chk, trigger="available-now")
+    with pytest.raises(mb.QueryTerminatedError, match=NO_SPACE) as info:
+        query.await_termination(60)
+
+    assert "state version 3" in str(info.value.__cause__)  # batch 2 commits version 3
+    assert sorted(os.listdir(chk / "commits")) == ["0", "1"]
+    assert (chk / "offsets" / "2").exists()
+    state = chk / "state" / "agg-0"
+    assert not (state / "snapshot" / "3.arrow").exists()
+    assert not [p.name for p in state.rglob("*") if p.name.endswith(".tmp")]  # no temp files
+
+    ballasts[0].unlink()
+    assert writer.start(chk, trigger="available-now").await_termination(60)
+    source.add(pl.DataFrame({"k": pl.int_range(0, 3_000, dtype=pl.Int64, eager=True),
+                             "v": pl.int_range(0, 3_000, dtype=pl.Int64, eager=True)}))
+    monkeypatch.setattr(provider, "write_arrow", write_arrow)
+    # a new query object: its operators rebuild the state from the files on the tmpfs
+    assert writer.start(chk, trigger="available-now").await_termination(60)
+
+    everything = pl.concat([
+        pl.DataFrame({"k": i % keys, "v": i}),
+        pl.DataFrame({"k": pl.int_range(0, 3_000, dtype=pl.Int64, eager=True),
+                      "v": pl.int_range(0, 3_000, dtype=pl.Int64, eager=True)}),
+    ])
+    oracle = everything.group_by("k").agg(pl.col("v").sum(), pl.len().alias("n")).sort("k")
+    got = mb.table("disk_full_snapshot").sort("k")
+    assert got.equals(oracle.select(got.columns)), (got, oracle)
+    assert list((state / "snapshot").glob("*.arrow")), "snapshots were written after the failure"
+    from microbatch.observability.status import status_document
+
+    doc = status_document(chk)
+    assert doc["last_error"] is None
+    assert (doc["last_committed_batch"], doc["pending_recovery"]) == (6, False)
