@@ -46,7 +46,7 @@ from microbatch.checkpoint import Checkpoint, CommitEntry, OffsetEntry
 from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.executor import input_frame
 from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner
-from microbatch.engine.faults import fault_point
+from microbatch.engine.faults import fault_point, side_fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
 from microbatch.engine.state_budget import StateBudget
 from microbatch.engine.trigger_loops import loop_for
@@ -201,9 +201,9 @@ class MicroBatchExecution:
             for sid, source in self.sources.items():
                 source.open(SourceContext(sid, self.checkpoint.source_dir(sid)))
             self.sink.open(self._sink_context())
-            for side in (self.dead_letter_sink, self.late_sink):
+            for side, name in ((self.dead_letter_sink, "dead_letter"), (self.late_sink, "late")):
                 if side is not None:
-                    side.open(self._sink_context(mode="append", keys=()))
+                    side.open(self._sink_context(mode="append", keys=(), side=name))
             self.recover()
             self.executor.open(self.checkpoint.root / "state", self.next_batch_id)
         except BaseException:
@@ -211,14 +211,19 @@ class MicroBatchExecution:
             raise
 
     def _sink_context(
-        self, mode: OutputMode | None = None, keys: tuple[str, ...] | None = None
+        self, mode: OutputMode | None = None, keys: tuple[str, ...] | None = None,
+        side: str | None = None,
     ) -> SinkContext:
+        # NOTE: a side output's points are its own (``dead_letter.sink.after_data``):
+        # the dead-letter sink is written before the sink in every batch with a bad
+        # record, and would otherwise take the kills meant for the sink's points
+        points = fault_point if side is None else side_fault_point(side)
         return SinkContext(
             query_id=self.query_id,
             output_mode=mode or self.output_mode,
             checkpoint_dir=self.checkpoint.root,
             key_columns=self.key_columns if keys is None else keys,
-            fault_point=fault_point,
+            fault_point=points,
         )
 
     def close(self) -> None:

@@ -10,7 +10,11 @@ Points, in lifecycle order: ``after_plan``, ``after_write_ahead``,
 ``sink.before_commit`` / ``sink.after_commit`` (inside sinks that have them),
 ``after_sink``, ``after_state_commit``, ``after_commit``,
 ``after_report``; in the workers of a scaled-out query (Ray):
-``worker.map``, ``worker.reduce``, ``worker.commit``.
+``worker.map``, ``worker.reduce``, ``worker.commit``. The side outputs,
+written before the sink in step 5, have their own sink points:
+``dead_letter.sink.after_data``, ``late.sink.after_data`` (so that
+``sink.after_data`` is the query's sink, whether or not the batch had a bad
+or late record).
 
 With ``MICROBATCH_FAULT_ONCE=DIR`` each point fires once: a marker file in
 ``DIR`` records that it did (a replaced worker does not die again there).
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 POINTS = (
     "after_plan",
@@ -67,3 +72,12 @@ def fault_point(name: str, batch_id: int) -> None:
             if os.environ.get("MICROBATCH_FAULT_ACTION") == "raise":
                 raise InjectedFault(f"injected fault at {name} in batch {batch_id}")
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def side_fault_point(side: str) -> Callable[[str, int], None]:
+    """:func:`fault_point` for a side output: its points are ``SIDE.NAME``."""
+
+    def at(name: str, batch_id: int) -> None:
+        fault_point(f"{side}.{name}", batch_id)
+
+    return at
