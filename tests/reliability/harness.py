@@ -4,8 +4,8 @@ The job (``reliability_job.py``) runs as a ``microbatch run`` subprocess on one
 checkpoint. Each run is ended as its :class:`Kill` says:
 
 - ``point``: ``MICROBATCH_FAULT=POINT[@BATCH]``, the engine SIGKILLs itself at
-  a named lifecycle point (``microbatch.faults.POINTS``; the Delta sink has
-  ``sink.before_commit`` / ``sink.after_commit`` instead of ``sink.after_data``);
+  a named lifecycle point (``microbatch.faults.POINTS``; the sinks' own points
+  are in :data:`SINK_POINTS`);
 - ``state``: ``RELIABILITY_STATE_FAULT``, a SIGKILL before, after or in the
   middle of a state store file write (see the job's docstring);
 - ``random``: SIGKILL from outside, ``delay_s`` after the start, or (``settle``)
@@ -19,11 +19,25 @@ end and compares the output with a one-shot Polars computation of the same
 result (:func:`expected_output`): equal row for row, no key twice, none
 missing, no late rows, every dead letter exactly once. Used by
 ``tests/reliability`` (short runs) and ``scripts/crash_soak.py`` (the soak).
+
+Kafka and webhook variants: the ``kafka`` source reads ``<topic>-in`` (the
+harness produces the input there in chunks of ``EVENTS_PER_FILE`` records plus
+two bad values, as the ``files`` source's files, more between runs); the
+``kafka`` sink writes ``<topic>-out`` in one transaction per batch and the
+output is what a ``read_committed`` consumer of that topic sees; the
+``webhook`` sink posts every result row to a receiver that :class:`Soak` runs
+on a thread of this process (``microbatch.tools.receiver``: it keeps the first
+body of each ``Idempotency-Key``, answers a repeat with the same body as a
+duplicate and a different body as a 409 conflict, and fails
+``webhook_fail_rate`` of the requests with 503 so that retries happen); the
+output is the first acknowledged body of every key. ``JobSpec.bootstrap`` names
+a running broker (the caller owns it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -34,7 +48,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import polars as pl
 
@@ -49,11 +63,21 @@ KEYS = ["window_start", "card_id"]
 STATE_FAULTS = ("after:changelog", "before:changelog", "torn:changelog", "after:snapshot")
 """State store write faults the job can inject (``WHEN:KIND``)."""
 SINK_POINTS = {"parquet": ("sink.after_data",),
-               "delta": ("sink.before_commit", "sink.after_commit")}
-"""The fault points inside each sink's ``add_batch``."""
-UNBATCHED = {p for points in SINK_POINTS.values() for p in points}
-"""Points armed without a batch id (the first time the run passes them): the
-Delta sink skips them for batches without rows."""
+               "delta": ("sink.before_commit", "sink.after_commit"),
+               "kafka": ("sink.after_data", "sink.after_commit"),
+               "webhook": ("sink.after_data",)}
+"""The fault points inside each sink's ``add_batch`` (Kafka: after the rows are
+produced in the open transaction, after it committed; webhook: after every row
+was acknowledged, before the batch's ledger entry)."""
+DEAD_LETTER_POINT = "dead_letter.sink.after_data"
+"""Inside the dead-letter sink, which step 5 writes before the sink (every batch
+of the ``files`` and ``kafka`` inputs has bad records)."""
+UNBATCHED = {p for sink in ("parquet", "delta") for p in SINK_POINTS[sink]}
+"""Points armed without a batch id (the first time the run passes them) in the
+Parquet and Delta sinks: the Delta sink skips them for batches without rows.
+The Kafka and webhook sinks pass theirs in every batch: they are armed for a
+batch, as the engine's points are (the first batch emits no rows: no window is
+closed yet)."""
 EVENTS_PER_FILE = 500
 BAD_LINES_PER_FILE = 2
 GEN_START = "2026-01-01T00:00:00+00:00"
@@ -67,9 +91,9 @@ MONEY = pl.Decimal(18, 2)
 class JobSpec:
     """One variant of the reliability job and the size of its input."""
 
-    source: Literal["generator", "files"] = "generator"
+    source: Literal["generator", "files", "kafka"] = "generator"
     agg: Literal["tumbling", "session", "fire_once"] = "tumbling"
-    sink: Literal["parquet", "delta"] = "parquet"
+    sink: Literal["parquet", "delta", "kafka", "webhook"] = "parquet"
     rows: int = 120_000
     """Generator log length (event time advances 1000 rows per second)."""
     cap: int = 4_000
@@ -81,10 +105,23 @@ class JobSpec:
     partitions: int = 2
     seed: int = 1
     files: int = 40
-    """Input files of the ``files`` source (EVENTS_PER_FILE good rows each, 50 s
-    of event time per file)."""
+    """Input files of the ``files`` source, or chunks of the ``kafka`` source
+    (EVENTS_PER_FILE good rows each, 50 s of event time per file)."""
     snapshot_every: int | None = 4
     state_retention: int | None = 3
+    bootstrap: str = ""
+    """The Kafka broker (``host:port``) of the ``kafka`` source and sink."""
+    topic: str = ""
+    """Kafka topic prefix: the job reads ``<topic>-in`` and writes ``<topic>-out``."""
+    url: str = ""
+    """The webhook receiver (set by :meth:`Soak.prepare`, which runs it)."""
+    webhook_fail_rate: float = 0.05
+    """Share of POSTs the receiver answers with 503 (retried by the sink)."""
+
+    @property
+    def landed_input(self) -> bool:
+        """The input arrives in chunks between runs (files or Kafka records)."""
+        return self.source in ("files", "kafka")
 
     @property
     def name(self) -> str:
@@ -99,6 +136,10 @@ class JobSpec:
             "window": self.window, "gap": self.gap, "delay": self.delay,
             "cards": self.cards, "partitions": self.partitions, "seed": self.seed,
         }
+        if self.source == "kafka" or self.sink == "kafka":
+            values.update(bootstrap=self.bootstrap, topic=self.topic)
+        if self.sink == "webhook":
+            values["url"] = self.url
         return [arg for key, value in values.items() for arg in ("--param", f"{key}={value}")]
 
     def env(self) -> dict[str, str]:
@@ -172,6 +213,16 @@ class Verdict:
     dead_letter_duplicates: int
     equal: bool
     """``read back == one-shot`` as whole frames (same rows, same values)."""
+    deliveries: int | None = None
+    """Webhook: POSTs the receiver acknowledged (2xx), redeliveries included."""
+    redeliveries: int = 0
+    """Webhook: acknowledged POSTs of a key it had already accepted, with the same
+    body (a batch replayed after a crash; the receiver dedupes them by key)."""
+    conflicts: int = 0
+    """Webhook: POSTs of an accepted key with a different body (409)."""
+    aborted_rows: int | None = None
+    """Kafka sink: records in the output topic that ``read_committed`` consumers do
+    not see (written in transactions that a crash left open, then aborted)."""
 
     @property
     def exact(self) -> bool:
@@ -182,6 +233,7 @@ class Verdict:
             and self.late_rows == 0
             and self.dead_letters == self.dead_letters_expected
             and self.dead_letter_duplicates == 0
+            and self.conflicts == 0
         )
 
 
@@ -194,7 +246,11 @@ class Soak:
     outcomes: list[RunOutcome] = field(default_factory=list)
     verdict: Verdict | None = None
     landed: int = 0
-    """Input files written so far (``files`` source: more land between runs)."""
+    """Input files (or Kafka chunks) written so far (more land between runs)."""
+    batches_when_killed: int = 0
+    """Batches committed when the last kill was done (the clean run did the rest)."""
+    _producer: Any = field(default=None, repr=False)
+    _receiver: Any = field(default=None, repr=False)
 
     @property
     def chk(self) -> Path:
@@ -205,6 +261,11 @@ class Soak:
     def kills(self) -> int:
         """Runs that ended in SIGKILL."""
         return sum(o.killed for o in self.outcomes)
+
+    @property
+    def batches(self) -> int:
+        """Batches committed on the checkpoint so far."""
+        return self.next_batch()[0]
 
     @property
     def restarts(self) -> int:
@@ -222,16 +283,49 @@ class Soak:
     # -------------------------------------------------------------- running
 
     def prepare(self) -> None:
-        """Create the work directory; land three quarters of the input files."""
+        """Create the work directory (the Kafka topics, the webhook receiver); land
+        three quarters of the input files."""
         self.work.mkdir(parents=True, exist_ok=True)
-        if self.spec.source == "files":
+        spec = self.spec
+        if "kafka" in (spec.source, spec.sink):
+            if not (spec.bootstrap and spec.topic):
+                raise ValueError(f"{spec.name}: JobSpec.bootstrap and .topic name the broker")
+            _create_topics(spec.bootstrap, [f"{spec.topic}-in", f"{spec.topic}-out"],
+                           spec.partitions)
+        if spec.sink == "webhook" and self._receiver is None:
+            from microbatch.tools.receiver import Receiver, serve
+
+            receiver = Receiver(log=self.work / "received.jsonl", seed=spec.seed,
+                                fail_rate=spec.webhook_fail_rate)
+            server = serve(receiver)
+            server.handle_error = _quiet_reset(server.handle_error)  # type: ignore[method-assign]
+            self._receiver = (receiver, server)
+            self.spec = dataclasses.replace(
+                spec, url=f"http://127.0.0.1:{server.server_address[1]}/hook")
+        if spec.landed_input:
             (self.work / "in").mkdir(exist_ok=True)
-            self.land(self.spec.files * 3 // 4)
+            self.land(spec.files * 3 // 4)
         else:
-            self.landed = self.spec.files  # the generator's log is there from the start
+            self.landed = spec.files  # the generator's log is there from the start
+
+    def close(self) -> None:
+        """Stop the webhook receiver and the input producer."""
+        if self._receiver is not None:
+            receiver, server = self._receiver
+            server.shutdown()
+            server.server_close()
+            receiver.close()
+            self._receiver = None
+        if self._producer is not None:
+            self._producer.flush(30)
+            self._producer = None
 
     def land(self, count: int) -> None:
-        """Write the next ``count`` input files (``files`` source), atomically."""
+        """Write the next ``count`` input files (``files`` source), atomically, or
+        produce the next ``count`` chunks to the input topic (``kafka``)."""
+        if self.spec.source == "kafka":
+            self._produce(min(count, self.spec.files - self.landed))
+            return
         if self.spec.source != "files":
             return
         for _ in range(min(count, self.spec.files - self.landed)):
@@ -242,6 +336,29 @@ class Soak:
             os.utime(tmp, ns=(mtime, mtime))
             tmp.rename(path)
             self.landed += 1
+
+    def _produce(self, count: int) -> None:
+        """Produce chunks ``landed .. landed + count`` (good records on the partition
+        ``event_id % partitions``, the two bad values on partitions of their own) and
+        wait until every one is acknowledged."""
+        if count <= 0:
+            return
+        from confluent_kafka import Producer
+
+        if self._producer is None:
+            self._producer = Producer({"bootstrap.servers": self.spec.bootstrap,
+                                       "enable.idempotence": True, "linger.ms": 5})
+        errors: list[Any] = []
+        topic = f"{self.spec.topic}-in"
+        for _ in range(count):
+            index = self.landed
+            for partition, value in kafka_messages(self.spec, index):
+                self._producer.produce(topic, value, partition=partition,
+                                       on_delivery=lambda e, _m: errors.append(e) if e else None)
+            self.landed += 1
+        left = self._producer.flush(60)
+        if left or errors:
+            raise RuntimeError(f"input to {topic}: {left} unconfirmed, errors {errors[:3]}")
 
     def run(
         self, kill: Kill, *, timeout: float = 300, env_extra: dict[str, str] | None = None
@@ -285,7 +402,10 @@ class Soak:
                 f"{self.spec.name}: the clean run failed ({outcome.returncode}):\n"
                 f"{outcome.stderr[-3000:]}\nhistory: {self.history()}"
             )
-        self.verdict = verify(self.spec, self.work)
+        try:
+            self.verdict = verify(self.spec, self.work)
+        finally:
+            self.close()
         return self.verdict
 
     def next_batch(self) -> tuple[int, bool]:
@@ -298,7 +418,7 @@ class Soak:
 
     def point_kill(self, point: str, rng: random.Random) -> Kill:
         """A kill at ``point`` in one of the next batches (the recovered one included)."""
-        if point in UNBATCHED:
+        if point in UNBATCHED and self.spec.sink in ("parquet", "delta"):
             return Kill("point", point=point)
         batch, recovering = self.next_batch()
         skip_recovered = recovering and point in ("after_plan", "after_write_ahead")
@@ -333,7 +453,10 @@ def points_for(spec: JobSpec) -> list[str]:
     points = [p for p in POINTS if not p.startswith("sink.") or p in ours]
     missing = [p for p in ours if p not in points]  # an engine that lists fewer points
     at = points.index("after_sink")
-    return points[:at] + missing + points[at:] + list(STATE_FAULTS)
+    points = points[:at] + missing + points[at:]
+    if spec.landed_input:
+        points.insert(points.index("after_execute") + 1, DEAD_LETTER_POINT)
+    return points + list(STATE_FAULTS)
 
 
 def soak(
@@ -358,23 +481,38 @@ def soak(
     todo = list(points_for(spec) if named is None else named)
     stops = sorted(rng.randint(1, max(1, kills)) for _ in range(sigterms))
     limit = max_runs if max_runs is not None else 3 * kills + sigterms + 5
-    while run.kills < kills and len(run.outcomes) < limit:
-        if stops and run.kills >= stops[0]:
-            stops.pop(0)
-            kill = Kill("sigterm")
-        elif todo:
-            kill = run.point_kill(todo.pop(0), rng)
-        elif rng.random() < 0.5:
-            kill = Kill("random", delay_s=rng.uniform(0.0, 0.4), settle=True)
-        else:
-            kill = Kill("random", delay_s=rng.uniform(*random_range))
-        outcome = run.run(kill)
-        run.check(outcome)
-        if outcome.returncode == 0 and kill.how != "sigterm" and run.landed >= spec.files:
-            break  # everything there is was processed: nothing left to kill
-        run.land(1)
-    run.finish()
+    try:
+        while run.kills < kills and len(run.outcomes) < limit:
+            if stops and run.kills >= stops[0]:
+                stops.pop(0)
+                kill = Kill("sigterm")
+            elif todo:
+                kill = run.point_kill(todo.pop(0), rng)
+            elif rng.random() < 0.5:
+                kill = Kill("random", delay_s=rng.uniform(0.0, 0.4), settle=True)
+            else:
+                kill = Kill("random", delay_s=rng.uniform(*random_range))
+            outcome = run.run(kill)
+            run.check(outcome)
+            if outcome.returncode == 0 and kill.how != "sigterm" and run.landed >= spec.files:
+                break  # everything there is was processed: nothing left to kill
+            run.land(1)
+        run.batches_when_killed = run.batches
+        run.finish()
+    finally:
+        run.close()
     return run
+
+
+def _quiet_reset(handle_error: Any) -> Any:
+    """A server's ``handle_error`` that is silent when the client was killed
+    mid-request (the connection reset), as it is many times in a soak."""
+
+    def handle(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            handle_error(request, client_address)
+
+    return handle
 
 
 def _kill_later(proc: subprocess.Popen[bytes], chk: Path, kill: Kill) -> None:
@@ -439,15 +577,32 @@ def input_file(spec: JobSpec, index: int) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def kafka_messages(spec: JobSpec, index: int) -> list[tuple[int, bytes]]:
+    """Chunk ``index`` of the ``kafka`` source's input: ``(partition, value)`` of each
+    line of :func:`input_file` (the good records on ``event_id % partitions``)."""
+    out = []
+    for line in input_file(spec, index).splitlines():
+        try:
+            event = json.loads(line)["event_id"]
+            partition = event % spec.partitions if isinstance(event, int) else index
+        except (ValueError, KeyError):
+            partition = index + 1
+        out.append((partition % spec.partitions, line))
+    return out
+
+
 def input_rows(spec: JobSpec) -> pl.DataFrame:
-    """Every good input record the job reads, with its watermark partition ``__p``."""
-    if spec.source == "files":
+    """Every good input record the job reads, with its watermark partition ``__p``
+    (the file source has one; a Kafka source one per topic partition)."""
+    if spec.landed_input:
         records = [r for index in range(spec.files) for r in file_records(spec, index)]
+        partition = (pl.col("event_id") % spec.partitions if spec.source == "kafka"
+                     else pl.lit(0))
         return pl.DataFrame(records).select(
             pl.col("event_id").cast(pl.Int64), pl.col("card_id").cast(pl.Int64),
             pl.col("amount").cast(pl.Float64).cast(MONEY),
             pl.col("event_time").str.to_datetime("%+", time_unit="ms", time_zone="UTC"),
-            pl.lit(0, pl.Int64).alias("__p"),
+            partition.cast(pl.Int64).alias("__p"),
         )
     source = GeneratorSource(rows_per_second=None, total_rows=spec.rows, cards=spec.cards,
                              partitions=spec.partitions, max_delay="5s", seed=spec.seed,
@@ -522,7 +677,12 @@ def normalize(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def read_output(spec: JobSpec, out: Path) -> pl.DataFrame:
-    """What the job's sink holds, normalized like :func:`expected_output`."""
+    """What the job's sink holds, normalized like :func:`expected_output` (Kafka:
+    what a ``read_committed`` consumer of the output topic sees)."""
+    if spec.sink == "kafka":
+        return parse_json_rows(consume_topic(spec.bootstrap, f"{spec.topic}-out"))
+    if spec.sink == "webhook":
+        return read_webhook(out.parent / "received.jsonl")[0]
     if spec.sink == "delta":
         if not (out / "_delta_log").is_dir():
             return normalize(pl.DataFrame())
@@ -530,11 +690,99 @@ def read_output(spec: JobSpec, out: Path) -> pl.DataFrame:
     return normalize(mb.parquet_table(out)) if out.is_dir() else normalize(pl.DataFrame())
 
 
+def parse_json_rows(values: list[bytes]) -> pl.DataFrame:
+    """Result rows serialized as JSON objects (``write_ndjson``: ISO-8601 window
+    bounds, exact decimal strings), normalized."""
+    if not values:
+        return normalize(pl.DataFrame())
+    text = b"\n".join(values)
+    frame = pl.read_ndjson(text, schema={"window_start": pl.String, "window_end": pl.String,
+                                         "card_id": pl.Int64, "n": pl.Int64,
+                                         "total": pl.String})
+    when = [pl.col(c).str.to_datetime("%+", time_unit="ms", time_zone="UTC")
+            for c in ("window_start", "window_end")]
+    return normalize(frame.with_columns(*when, pl.col("total").cast(pl.Decimal(38, 2))))
+
+
+def read_webhook(log: Path) -> tuple[pl.DataFrame, dict[str, int]]:
+    """The rows a webhook receiver accepted (the first body of each key) and its
+    counts: ``deliveries`` (2xx answers, redeliveries included), ``redeliveries``
+    (the same key and body again), ``conflicts`` (the same key, another body)."""
+    entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    accepted = [e for e in entries if e["status"] == 200 and not e["duplicate"]]
+    counts = {
+        "deliveries": sum(200 <= e["status"] < 300 for e in entries),
+        "redeliveries": sum(e["status"] == 200 and e["duplicate"] for e in entries),
+        "conflicts": sum(e["status"] == 409 for e in entries),
+    }
+    return parse_json_rows([e["body"].encode() for e in accepted]), counts
+
+
+def consume_topic(bootstrap: str, topic: str, *, read_committed: bool = True) -> list[bytes]:
+    """Every value of ``topic`` from the beginning to its end now."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"check-{os.getpid()}-{time.time_ns()}",
+        "enable.auto.commit": False, "enable.partition.eof": True,
+        "isolation.level": "read_committed" if read_committed else "read_uncommitted",
+    })
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        parts = sorted(meta.partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        done: set[int] = set()
+        out: list[bytes] = []
+        idle_since = time.monotonic()
+        while len(done) < len(parts):
+            if time.monotonic() - idle_since > 60:
+                raise RuntimeError(f"{topic}: partitions {set(parts) - done} never reached "
+                                   "their end")
+            for m in consumer.consume(10_000, timeout=0.5):
+                idle_since = time.monotonic()
+                if m.error() is not None:
+                    if m.error().code() == -191:  # _PARTITION_EOF
+                        done.add(m.partition())
+                    continue
+                out.append(m.value())
+        return out
+    finally:
+        consumer.close()
+
+
+def _create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    """Create the topics (if new) and wait until their partitions are known."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=1)
+                                   for n in names])
+    for future in futures.values():
+        with contextlib.suppress(KafkaException):  # it exists: a resumed soak
+            future.result(30)
+    deadline = time.monotonic() + 30
+    for name in names:
+        while time.monotonic() < deadline:
+            meta = admin.list_topics(topic=name, timeout=10).topics.get(name)
+            if meta is not None and meta.error is None and len(meta.partitions) == partitions:
+                break
+            time.sleep(0.05)
+
+
 def verify(spec: JobSpec, work: Path) -> Verdict:
     """Compare the job's output (and side outputs) with the one-shot computation."""
     rows = input_rows(spec)
     want = expected_output(spec, rows)
-    got = read_output(spec, work / "out")
+    extra: dict[str, Any] = {}
+    if spec.sink == "webhook":
+        got, extra = read_webhook(work / "received.jsonl")
+    else:
+        got = read_output(spec, work / "out")
+        if spec.sink == "kafka":
+            everything = len(consume_topic(spec.bootstrap, f"{spec.topic}-out",
+                                           read_committed=False))
+            extra["aborted_rows"] = everything - got.height
     counts = got.group_by(KEYS).len()
     both = want.join(got, on=KEYS, how="inner", suffix="_got")
     if spec.agg == "fire_once":  # fired early: at least FIRE_AT, at most the final values
@@ -553,18 +801,20 @@ def verify(spec: JobSpec, work: Path) -> Verdict:
     dead_dir = work / "chk" / "dead_letter"
     dead = mb.parquet_table(dead_dir) if dead_dir.is_dir() else pl.DataFrame()
     return Verdict(
+        **extra,
         records_in=rows.height,
         records_out=int(got.get_column("n").sum() or 0),
         records_expected=int(want.get_column("n").sum() or 0),
         rows_expected=want.height,
         rows_out=got.height,
-        duplicates=int(counts.filter(pl.col("len") > 1).get_column("len").sum() or 0),
+        duplicates=int(counts.filter(pl.col("len") > 1).get_column("len").sum() or 0)
+        + extra.get("conflicts", 0),
         missing=want.join(got, on=KEYS, how="anti").height,
         extra=got.join(want, on=KEYS, how="anti").height,
         wrong_values=wrong,
         late_rows=mb.parquet_table(late_dir).height if late_dir.is_dir() else 0,
         dead_letters=dead.height,
-        dead_letters_expected=BAD_LINES_PER_FILE * spec.files if spec.source == "files" else 0,
+        dead_letters_expected=BAD_LINES_PER_FILE * spec.files if spec.landed_input else 0,
         dead_letter_duplicates=dead.height - dead["location"].n_unique() if dead.height else 0,
         equal=equal,
     )

@@ -2,17 +2,22 @@
 
 A windowed aggregation with state, end to end::
 
-    generator or JSON-lines files -> with_watermark("event_time", delay)
+    generator, JSON-lines files or a Kafka topic of JSON values
+        -> with_watermark("event_time", delay)
         -> group_by(window(event_time, W) | session_window(event_time, gap), card_id)
         -> agg(n = len(), total = sum(amount as Decimal(18, 2)))
         [-> fire_once(n >= FIRE_AT): early alerts, once per window]
-        -> Parquet manifest sink or Delta sink; late rows -> Parquet side output
+        -> Parquet manifest sink, Delta sink, Kafka sink (transactional, exactly
+           once) or webhook sink (one POST per row, Idempotency-Key
+           ``<window_start>/<card_id>``); late rows -> Parquet side output
 
 Params (all strings): ``output`` (required); ``source`` (``generator`` |
-``files``), ``input`` (the directory, for ``files``), ``agg`` (``tumbling`` |
-``session`` | ``fire_once``), ``sink`` (``parquet`` | ``delta``), ``window`` (``1m``), ``gap``
-(``30s``), ``delay`` (``10s``), ``rows``, ``cap`` (records or files per
-batch), ``seed``, ``cards``, ``partitions``.
+``files`` | ``kafka``), ``input`` (the directory, for ``files``), ``agg``
+(``tumbling`` | ``session`` | ``fire_once``), ``sink`` (``parquet`` | ``delta``
+| ``kafka`` | ``webhook``), ``window`` (``1m``), ``gap`` (``30s``), ``delay``
+(``10s``), ``rows``, ``cap`` (records or files per batch), ``seed``, ``cards``,
+``partitions``; for Kafka ``bootstrap`` and ``topic`` (the job reads
+``<topic>-in`` and writes ``<topic>-out``); for the webhook ``url``.
 
 Test-only hooks, read from the environment (they wrap statestore functions in
 this process; statestore itself is not changed):
@@ -63,9 +68,15 @@ def build(params: dict[str, str]) -> mb.DataStreamWriter:
     """The windowed aggregation described in the module docstring."""
     install_state_hooks(os.environ)
     cap = int(params.get("cap", "2000"))
-    if params.get("source", "generator") == "files":
+    source = params.get("source", "generator")
+    if source == "files":
         stream = mb.read_files(params["input"], format="json", schema=SCHEMA,
                                max_files_per_batch=cap)
+    elif source == "kafka":
+        # watermarks per Kafka partition; bad values go to the dead letters
+        stream = mb.read_kafka(params["topic"] + "-in", bootstrap=params["bootstrap"],
+                               schema=SCHEMA, max_records_per_batch=cap,
+                               metadata_columns=())
     else:
         stream = mb.generate(
             rows_per_second=None,
@@ -91,8 +102,17 @@ def build(params: dict[str, str]) -> mb.DataStreamWriter:
     )
     if params.get("agg") == "fire_once":
         result = result.fire_once(pl.col("n") >= FIRE_AT)
-    if params.get("sink", "parquet") == "delta":
+    sink = params.get("sink", "parquet")
+    if sink == "delta":
         return result.write_delta(params["output"])
+    if sink == "kafka":
+        return result.write_kafka(params["topic"] + "-out", bootstrap=params["bootstrap"],
+                                  key="card_id")
+    if sink == "webhook":
+        key = pl.format("{}/{}", pl.col("window_start").dt.strftime("%Y-%m-%dT%H:%M:%S"),
+                        "card_id")
+        return result.with_columns(key.alias("key")).write_webhook(
+            params["url"], key="key", max_in_flight=8, retry_for="2m", backoff=("20ms", "500ms"))
     return result.write_parquet(params["output"])
 
 
