@@ -43,7 +43,7 @@ from urllib.parse import quote
 import polars as pl
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
-from sinks.durable import fsync_dir, write_atomic, write_with
+from sinks.durable import fsync_dir, make_dirs, write_atomic, write_with
 from sinks.exceptions import SinkConfigError, SinkError
 
 ParquetCompression = Literal["lz4", "uncompressed", "snappy", "gzip", "brotli", "zstd"]
@@ -115,7 +115,7 @@ class ParquetSink(Sink):
         """Check that the directory belongs to this query; learn its schema."""
         if self._root.exists() and not self._root.is_dir():
             raise SinkConfigError(f"Parquet output path {self._root} exists and is not a directory")
-        (self._root / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
+        make_dirs(self._root / MANIFEST_DIR)
         fsync_dir(self._root.parent)  # make the directories themselves durable
         fsync_dir(self._root)
         entries = _entry_paths(self._root)
@@ -209,7 +209,7 @@ class ParquetSink(Sink):
         dirs: set[Path] = set()
         for rel, part in groups:
             final = self._root / rel
-            final.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(final.parent)
             write_with(
                 final,
                 partial(part.write_parquet, compression=self.compression, statistics=True),

@@ -52,7 +52,7 @@ from typing import Any
 import polars as pl
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
-from sinks.durable import write_atomic
+from sinks.durable import make_dirs, write_atomic
 from sinks.exceptions import SinkConfigError, SinkError
 
 __all__ = ["WebhookSink"]
@@ -229,7 +229,7 @@ class WebhookSink(Sink):
         if ctx.checkpoint_dir is not None:
             digest = hashlib.sha256(f"{self.shown_url} {self.key}".encode()).hexdigest()[:12]
             self._ledger = Path(ctx.checkpoint_dir) / "sinks" / f"webhook-{digest}"
-            self._ledger.mkdir(parents=True, exist_ok=True)
+            make_dirs(self._ledger)
         if self.dead_letters is None and ctx.checkpoint_dir is not None:
             from sinks.parquet import ParquetSink
 

@@ -9,6 +9,13 @@ Crash safety rests on three POSIX habits, done here and nowhere else:
    itself survives a power loss;
 3. errors name the target file (``os.write`` errors carry no file name).
 
+Every file operation on durable data (checkpoint, state store, sink output)
+goes through this module, so a recorder installed with :func:`recording` sees
+all of them in program order: ``write``, ``fsync``, ``rename``, ``unlink``,
+``mkdir`` and ``fsync_dir`` (``tests/crash/explorer.py`` replays them into the
+crash states a power loss may leave; ``note_written`` reports files that a
+library such as delta-rs wrote on its own).
+
 ``sinks`` keeps a copy of this module (``sinks/durable.py``): the layering rule
 lets sinks import only their own dependencies, never ``statestore``. The two are
 kept identical (``tests/test_structure.py`` checks it).
@@ -22,7 +29,18 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["fsync_dir", "fsync_file", "without_fsync", "write_atomic", "write_with"]
+__all__ = [
+    "FileOp",
+    "fsync_dir",
+    "fsync_file",
+    "make_dirs",
+    "note_written",
+    "recording",
+    "remove",
+    "without_fsync",
+    "write_atomic",
+    "write_with",
+]
 
 TMP_SUFFIX = ".tmp"
 """Temp files are ``.<name>.<pid>.tmp`` next to their target: a reader ignores them."""
@@ -34,6 +52,31 @@ def temp_path(path: Path) -> Path:
 
 
 _thread = threading.local()
+
+FileOp = tuple[str, Path, Path | None, bytes | None]
+"""A recorded operation: ``(kind, path, target, data)``. ``kind`` is ``write``
+(a new file at ``path`` holding ``data``), ``wrote`` (the same, done earlier by
+another library: :func:`note_written`), ``fsync`` (the file at ``path``),
+``rename`` (``path`` to ``target``), ``unlink``, ``mkdir`` or ``fsync_dir``."""
+
+_recorders: list[Callable[[FileOp], None]] = []
+"""The active recorder (the last one installed), if any."""
+
+
+@contextmanager
+def recording(recorder: Callable[[FileOp], None]) -> Iterator[None]:
+    """Call ``recorder`` with every operation this module makes until the block ends
+    (all threads: a test tool, one recording at a time)."""
+    _recorders.append(recorder)
+    try:
+        yield
+    finally:
+        _recorders.remove(recorder)
+
+
+def _record(kind: str, path: Path, target: Path | None = None, data: bytes | None = None) -> None:
+    if _recorders:
+        _recorders[-1]((kind, path, target, data))
 
 
 @contextmanager
@@ -56,10 +99,7 @@ def _fsync_wanted() -> bool:
     return not getattr(_thread, "skip", False)
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a create, rename or unlink inside directory ``path`` durable."""
-    if not _fsync_wanted():
-        return
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -67,9 +107,61 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a create, rename or unlink inside directory ``path`` durable."""
+    if not _fsync_wanted():
+        return
+    _fsync(path)
+    _record("fsync_dir", path)
+
+
 def fsync_file(path: Path) -> None:
     """Flush a file's data to disk."""
-    fsync_dir(path)  # the same call: open read-only, fsync, close
+    if not _fsync_wanted():
+        return
+    _fsync(path)
+    _record("fsync", path)
+
+
+def make_dirs(path: Path) -> None:
+    """Create directory ``path`` and its missing parents, each one durably (the
+    parent is fsync'ed after the create: a directory whose own name is lost in a
+    power loss takes every durable file inside it along)."""
+    missing = []
+    at = path
+    while not at.is_dir():
+        missing.append(at)
+        if at.parent == at:
+            break
+        at = at.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            continue  # another thread or process made it first
+        _record("mkdir", directory)
+        fsync_dir(directory.parent)
+
+
+def remove(path: Path, *, missing_ok: bool = True) -> None:
+    """Unlink ``path``; the caller fsyncs the directory (after several removes)."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+        return
+    _record("unlink", path)
+
+
+def note_written(paths: Sequence[Path]) -> None:
+    """Report files that another library wrote under ``paths`` (and did not fsync)
+    to the recorder, before they are made durable with :func:`fsync_file`."""
+    if _recorders:
+        for path in paths:
+            _record("wrote", path, None, path.read_bytes())
 
 
 def write_atomic(
@@ -89,11 +181,15 @@ def write_atomic(
                 written += len(view)
                 while view:
                     view = view[os.write(fd, view) :]
+            if _recorders:
+                _record("write", tmp, None, b"".join(bytes(p) for p in pieces))
             if durable and _fsync_wanted():
                 os.fsync(fd)
+                _record("fsync", tmp)
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        _record("rename", tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
@@ -109,8 +205,11 @@ def write_with(path: Path, write: Callable[[Path], None]) -> None:
     tmp = temp_path(path)
     try:
         write(tmp)
+        if _recorders:
+            _record("write", tmp, None, tmp.read_bytes())
         fsync_file(tmp)
         os.replace(tmp, path)
+        _record("rename", tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

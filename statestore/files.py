@@ -28,7 +28,7 @@ from typing import Literal
 import polars as pl
 import pyarrow as pa
 
-from statestore.durable import TMP_SUFFIX, fsync_dir, write_atomic
+from statestore.durable import TMP_SUFFIX, fsync_dir, make_dirs, remove, write_atomic
 from statestore.exceptions import StateCorruptError, StateStoreError
 
 FORMAT_VERSION = 1
@@ -181,10 +181,10 @@ class VersionFiles:
         self.directory = directory
         self.dirs = {kind: directory / kind for kind in KINDS}
         for d in self.dirs.values():
-            d.mkdir(parents=True, exist_ok=True)
+            make_dirs(d)
         for d in self.dirs.values():
             for leftover in d.glob(f".*{TMP_SUFFIX}"):  # writes cut short by a crash
-                leftover.unlink(missing_ok=True)
+                remove(leftover)
 
     def path(self, kind: Kind, version: int) -> Path:
         """Where ``kind`` of ``version`` lives."""
@@ -240,7 +240,7 @@ class VersionFiles:
 
     def _remove(self, kind: Kind, versions: list[int]) -> None:
         for v in versions:
-            self.path(kind, v).unlink(missing_ok=True)
+            remove(self.path(kind, v))
         if versions:
             fsync_dir(self.dirs[kind])
 
@@ -252,8 +252,8 @@ class VersionFiles:
         """
         newer = {v for kind in KINDS for v in self.versions(kind) if v > version}
         for v in sorted(newer, reverse=True):
-            self.path("snapshot", v).unlink(missing_ok=True)
-            self.path("changelog", v).unlink(missing_ok=True)
+            remove(self.path("snapshot", v))
+            remove(self.path("changelog", v))
         if newer:
             for d in self.dirs.values():
                 fsync_dir(d)

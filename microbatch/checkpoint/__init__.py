@@ -23,7 +23,7 @@ from typing import Any
 
 from microbatch.checkpoint.batch_log import BatchLog
 from microbatch.checkpoint.entries import CommitEntry, OffsetEntry
-from microbatch.checkpoint.files import read_json_object, write_json_atomic
+from microbatch.checkpoint.files import make_dirs, read_json_object, write_json_atomic
 from microbatch.checkpoint.lock import CheckpointLock, is_locked, read_lock_owner
 from microbatch.exceptions import CheckpointCorruptError, CheckpointError
 
@@ -67,10 +67,10 @@ class Checkpoint:
     def create_or_open(self) -> dict[str, Any]:
         """Create the layout (first start) and return the metadata."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.root)
             probe = self.root / f".probe.{os.getpid()}"
             probe.write_bytes(b"")
-            probe.unlink()
+            probe.unlink()  # never fsync'ed nor recorded: a probe left by a crash is ignored
         except OSError as exc:
             raise CheckpointError(
                 f"cannot write to checkpoint directory {self.root}: {exc.strerror or exc}. "
@@ -115,7 +115,7 @@ class Checkpoint:
 
     def source_dir(self, source_id: str) -> Path:
         path = self.root / "sources" / source_id
-        path.mkdir(parents=True, exist_ok=True)
+        make_dirs(path)
         return path
 
     def state_dir(self, operator_id: str) -> Path:

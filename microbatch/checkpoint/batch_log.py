@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from microbatch.checkpoint.entries import LogEntry
-from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.checkpoint.files import make_dirs, read_json, remove, write_json_atomic
 from microbatch.exceptions import CheckpointCorruptError, CheckpointError
 
 __all__ = ["BatchLog"]
@@ -47,7 +47,7 @@ class BatchLog(Generic[E]):
                 f"{self.kind} entry for batch {entry.batch_id} already exists at {path}; "
                 "two writers on one checkpoint?"
             )
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         write_json_atomic(path, self.kind, entry.to_json())
 
     def get(self, batch_id: int) -> E | None:
@@ -101,7 +101,7 @@ class BatchLog(Generic[E]):
         for old in ids:
             path = self.path(old)
             if path.exists():
-                path.unlink()
+                remove(path)
                 removed += 1
         self._purged_below = batch_id
         return removed

@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from microbatch.exceptions import CheckpointCorruptError, CheckpointFormatError
-from statestore.durable import fsync_dir, write_atomic
+from statestore.durable import fsync_dir, make_dirs, remove, write_atomic
 
 __all__ = [
     "encode",
     "fsync_dir",
+    "make_dirs",
     "read_json",
     "read_json_object",
+    "remove",
     "write_bytes_atomic",
     "write_json_atomic",
 ]

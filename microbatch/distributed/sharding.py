@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import polars as pl
 
-from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.checkpoint.files import make_dirs, read_json, write_json_atomic
 from microbatch.engine.executor import SHARD_FILE
 from microbatch.exceptions import IncompatibleCheckpointError
 from microbatch.plan.nodes import (
@@ -156,7 +156,7 @@ def bind_layout(
                 "into shards, so the Ray executor cannot take it over. Run it without "
                 "--workers/executor, or start the scaled-out job on a new checkpoint directory."
             )
-        state_root.mkdir(parents=True, exist_ok=True)
+        make_dirs(state_root)
         write_json_atomic(path, "shards", want)
         return layout
     have = read_json(path, "shards")

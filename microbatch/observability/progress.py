@@ -24,7 +24,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from microbatch.checkpoint.files import read_json, read_json_object, write_json_atomic
+from microbatch.checkpoint.files import (
+    make_dirs,
+    read_json,
+    read_json_object,
+    remove,
+    write_json_atomic,
+)
 from microbatch.exceptions import CheckpointError
 
 log = logging.getLogger("microbatch.observability.progress")
@@ -48,7 +54,7 @@ class ProgressStore:
         ``sources`` maps a source id to its input rows."""
         self._lock = threading.Lock()
         if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
+            make_dirs(directory)
             self.recent.extend(load_progress(directory, limit=retain))
 
     def add(self, record: dict[str, Any]) -> None:
@@ -68,7 +74,7 @@ class ProgressStore:
         write_json_atomic(self.directory / str(batch_id), "progress", record, durable=False)
         stale = batch_id - self.retain
         if stale >= 0:
-            (self.directory / str(stale)).unlink(missing_ok=True)
+            remove(self.directory / str(stale))
 
     def _count(self, record: dict[str, Any]) -> None:
         totals = self.totals
@@ -113,7 +119,7 @@ def write_last_error(checkpoint_root: Path, error: dict[str, Any]) -> None:
 
 def clear_last_error(checkpoint_root: Path) -> None:
     """Forget the last error (a run started successfully)."""
-    (checkpoint_root / LAST_ERROR).unlink(missing_ok=True)
+    remove(checkpoint_root / LAST_ERROR)
 
 
 def read_last_error(checkpoint_root: Path) -> dict[str, Any] | None:

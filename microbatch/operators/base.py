@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.checkpoint.files import make_dirs, read_json, write_json_atomic
 from microbatch.exceptions import CheckpointError, IncompatibleCheckpointError, PlanError
 from microbatch.plan.aggregates import AggSpec
 from microbatch.plan.event_time import event_time_ms
@@ -147,7 +147,7 @@ class SingleStoreOperator(StatefulOperator):
 
 def check_signature(state_dir: Path, signature: dict[str, Any]) -> None:
     """Record the operator's signature once; refuse a different one later."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(state_dir)
     path = state_dir / "operator.json"
     if not path.exists():
         write_json_atomic(path, "operator", signature)

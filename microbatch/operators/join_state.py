@@ -16,7 +16,12 @@ from pathlib import Path
 
 import polars as pl
 
-from microbatch.checkpoint.files import read_json, write_bytes_atomic, write_json_atomic
+from microbatch.checkpoint.files import (
+    make_dirs,
+    read_json,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from microbatch.exceptions import IncompatibleCheckpointError, PlanError
 from microbatch.operators.base import (
     OperatorContext,
@@ -86,7 +91,7 @@ class InputState:
         """Record the input's columns, first seen in ``batch_id``."""
         if self.directory is None:
             raise AssertionError("stream joins need a checkpoint directory")
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         buf = io.BytesIO()
         schema.to_frame().write_ipc(buf)
         write_bytes_atomic(self.directory / "schema.arrow", buf.getvalue())

@@ -20,7 +20,7 @@ from typing import Any
 
 import polars as pl
 
-from microbatch.checkpoint.files import read_json, write_json_atomic
+from microbatch.checkpoint.files import make_dirs, read_json, remove, write_json_atomic
 from microbatch.exceptions import PlanError, SourceError
 from microbatch.operators.base import OperatorContext, StatefulOperator, check_signature
 from microbatch.plan.joins import StaticJoinSpec, StaticTable
@@ -118,7 +118,7 @@ class StaticJoin(StatefulOperator):
             return
         records = sorted(self.state_dir.glob("versions/*.json"), key=lambda p: int(p.stem))
         for path in records[:-KEEP_RECORDS]:
-            path.unlink(missing_ok=True)
+            remove(path)
 
     def abort(self) -> None:
         pass
@@ -131,7 +131,7 @@ class StaticJoin(StatefulOperator):
         if path.exists():
             return read_json(path, "static-version")["version"]
         version = self.reader.current_version()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         write_json_atomic(path, "static-version", {"version": version})
         return version
 

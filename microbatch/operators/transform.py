@@ -34,7 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from microbatch.checkpoint.files import read_json, write_bytes_atomic, write_json_atomic
+from microbatch.checkpoint.files import (
+    make_dirs,
+    read_json,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from microbatch.exceptions import IncompatibleCheckpointError, PlanError, TransformError
 from microbatch.operators.base import (
     OperatorContext,
@@ -139,7 +144,7 @@ class TransformWithState(StatefulOperator):
                 added: tuple[str, ...], pending: pl.Schema | None = None) -> None:
         """Write the columns' exact types, then (the commit point) their names."""
         assert self.state_dir is not None
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.state_dir)
         if pending is not None:
             write_bytes_atomic(self.state_dir / PENDING_ARROW, _ipc_schema(pending))
         write_bytes_atomic(self.state_dir / SCHEMA_ARROW, _ipc_schema(pl.Schema({**keys,

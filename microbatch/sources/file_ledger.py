@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from microbatch.checkpoint.files import fsync_dir, read_json, write_json_atomic
+from microbatch.checkpoint.files import (
+    fsync_dir,
+    make_dirs,
+    read_json,
+    remove,
+    write_json_atomic,
+)
 from microbatch.exceptions import CheckpointCorruptError
 
 LEDGER_KIND = "file-ledger"
@@ -59,7 +65,7 @@ class FileLedger:
         self._paths: set[str] = set()
         self._entries: list[Path] = []
         if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
+            make_dirs(directory)
             self._load(directory)
 
     def __len__(self) -> int:
@@ -110,7 +116,7 @@ class FileLedger:
         write_json_atomic(target, LEDGER_KIND, body)
         for entry in self._entries:
             if entry != target:
-                entry.unlink(missing_ok=True)
+                remove(entry)
         fsync_dir(self.directory)
         self._entries = [target]
 
@@ -142,4 +148,4 @@ class FileLedger:
             self._entries.append(entry)
         self._paths = {f.path for f in self._files}
         for entry in stale:
-            entry.unlink(missing_ok=True)
+            remove(entry)
