@@ -20,8 +20,10 @@ table itself records which batches it holds. Protocol for batch ``N``
            a CommitFailedError (a concurrent commit, e.g. another writer with
            the same app id that committed N first): go back to 1 -- the
            reload decides, never a blind retry
-        6. ctx.at("sink.after_commit", N)
-        7. every `optimize_every` batches: compact small files
+        6. local tables: fsync the new version's files and log entry (delta-rs
+           never fsyncs; the engine's durable commits/N follows this return)
+        7. ctx.at("sink.after_commit", N)
+        8. every `optimize_every` batches: compact small files (made durable too)
 
 Why step 5 must use the handle of step 2: delta-rs records app transactions
 but never refuses a repeated ``(app_id, version)`` by itself. What it does
@@ -67,6 +69,7 @@ import polars as pl
 from polars.datatypes import DataTypeClass
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
+from sinks.delta_durability import local_root, persist_versions
 from sinks.exceptions import SinkConfigError, SinkError
 
 if TYPE_CHECKING:
@@ -222,6 +225,7 @@ class DeltaSink(Sink):
                 return
             aligned = self._align(table, data, batch_id)
             batch.at("sink.before_commit")
+            read_version = table.version()
             try:
                 self._commit(table, aligned, batch_id, mode, keys)
             except Exception as exc:
@@ -232,6 +236,7 @@ class DeltaSink(Sink):
                          "reloading", self.uri, batch_id, attempt, exc)
                 self._table = None  # reload from scratch: never reuse a handle that lost
                 continue
+            self._persist(read_version + 1)
             self._record(batch_id, skipped=False, attempts=attempt, started=started)
             batch.at("sink.after_commit")
             self._maybe_optimize(batch_id)
@@ -310,6 +315,7 @@ class DeltaSink(Sink):
         if table is None:
             raise SinkError(f"Delta table {self.uri} was created but cannot be loaded")
         self._table = table
+        self._persist(0)
         self._check_partitioning(table)
         return table
 
@@ -400,6 +406,9 @@ class DeltaSink(Sink):
                 f"{_short(exc)}. Nothing was committed."
             ) from exc
         table.update_incremental()
+        root = local_root(self.uri)
+        if root is not None:
+            persist_versions(root, table.version(), table.version())
         return int(table.version())
 
     def _maybe_optimize(self, batch_id: int) -> None:
@@ -409,7 +418,9 @@ class DeltaSink(Sink):
             return
         try:
             self._table.update_incremental()
+            before = self._table.version()
             metrics = self._table.optimize.compact()
+            self._persist(before + 1)
             self.last_commit["optimize"] = {
                 "files_added": metrics.get("numFilesAdded"),
                 "files_removed": metrics.get("numFilesRemoved"),
@@ -418,6 +429,15 @@ class DeltaSink(Sink):
             log.warning("Delta table %s: compaction after batch %d failed (%s); the next "
                         "one will try again", self.uri, batch_id, _short(exc))
             self._table = None
+
+    def _persist(self, first: int) -> None:
+        """Step 6: make versions ``first``.. of a local table durable (a no-op on
+        object stores, where a PUT is durable when it returns)."""
+        root = local_root(self.uri)
+        if root is None or self._table is None:
+            return
+        self._table.update_incremental()
+        persist_versions(root, first, self._table.version())
 
     def _record(self, batch_id: int, *, skipped: bool, attempts: int, started: float) -> None:
         self.last_commit = {
