@@ -186,6 +186,19 @@ def server_properties(data: Path, port: int, controller_port: int) -> str:
     return "".join(f"{k}={v}\n" for k, v in settings.items())
 
 
+def cluster_id() -> str:
+    """A new KRaft cluster id: a random UUID in URL-safe base64, as Kafka's own."""
+    import base64
+
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        # NOTE: an id starting with "-" reads as an option to the format tool
+        # ("--cluster-id: expected one argument", 1 start in 64); Kafka's
+        # Uuid.randomUuid() draws again in that case, and so do we
+        if not cid.startswith("-"):
+            return cid
+
+
 def _java() -> str:
     home = os.environ.get("JAVA_HOME")
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
@@ -290,10 +303,7 @@ def start(directory: Path, *, timeout_s: float = READY_TIMEOUT_S) -> str:
     log = directory / "broker.log"
     if not (data / "meta.properties").exists():
         shutil.rmtree(data, ignore_errors=True)
-        cluster_id = uuid.uuid4().bytes
-        import base64
-
-        cid = base64.urlsafe_b64encode(cluster_id).decode().rstrip("=")
+        cid = cluster_id()
         fmt = subprocess.run(
             [java, "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool", "format",
              "-t", cid, "-c", str(props)],
