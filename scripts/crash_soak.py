@@ -119,7 +119,7 @@ def run_soaks(names: list[str], kills: int, seed: int, work: Path, *, bootstrap:
             print(f"   {name}: WARNING: the input ran out after {done.kills} of {mine} kills",
                   flush=True)
         print(f"   {name}: {done.kills} kills, {done.restarts} restarts, batches "
-              f"{done.batches_when_killed} when killed / {done.batches}, "
+              f"{done.batches_when_killed} when killed / {done.batches_total}, "
               f"exact={done.verdict.exact} ({time.monotonic() - started:.0f} s)", flush=True)
         return done
 
@@ -172,7 +172,7 @@ def soak_table(soaks: list[harness.Soak]) -> str:
         stops = sum(o.kill.how == "sigterm" for o in run.outcomes)
         row = {
             "kills": run.kills, "stops": stops, "restarts": run.restarts,
-            "batches": run.batches, "killed_in": run.batches_when_killed,
+            "batches": run.batches_total, "killed_in": run.batches_when_killed,
             "in": v.records_in, "out": v.records_out, "out_want": v.records_expected,
             "rows": v.rows_out, "rows_want": v.rows_expected, "dupes": v.duplicates,
             "lost": v.missing, "wrong": v.wrong_values + v.extra, "late": v.late_rows,

@@ -249,6 +249,8 @@ class Soak:
     """Input files (or Kafka chunks) written so far (more land between runs)."""
     batches_when_killed: int = 0
     """Batches committed when the last kill was done (the clean run did the rest)."""
+    batches_total: int = 0
+    """Batches committed at the end (set by :meth:`finish`)."""
     _producer: Any = field(default=None, repr=False)
     _receiver: Any = field(default=None, repr=False)
 
@@ -402,6 +404,7 @@ class Soak:
                 f"{self.spec.name}: the clean run failed ({outcome.returncode}):\n"
                 f"{outcome.stderr[-3000:]}\nhistory: {self.history()}"
             )
+        self.batches_total = self.batches
         try:
             self.verdict = verify(self.spec, self.work)
         finally:
