@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import polars as pl
@@ -56,6 +57,12 @@ DEFAULT_COMMIT_TOPIC = "microbatch-sink-commits"
 """The bookkeeping topic (one partition) whose group offsets mark committed batches."""
 _RESERVED = ("bootstrap.servers", "transactional.id", "enable.idempotence")
 _TIMEOUT_S = 60.0
+_GRACE_S = 5.0
+"""How long past its own timeout a transaction call may take before the sink gives up."""
+
+
+class TransactionStuckError(SinkError):
+    """A transaction call of the Kafka client did not return within its timeout."""
 
 
 class KafkaSink(Sink):
@@ -135,6 +142,8 @@ class KafkaSink(Sink):
         self.commit_topic = commit_topic
         self._producer: Any = None
         self._reader: Any = None
+        self._call_timeout_s = _TIMEOUT_S
+        """Bound of one transaction call (send_offsets, commit): at most transaction.timeout.ms."""
         self._errors: list[str] = []
         self.batches_written = 0
 
@@ -192,6 +201,10 @@ class KafkaSink(Sink):
         if self.delivery_guarantee == "exactly_once":
             producer_cfg["transactional.id"] = self.transactional_id
             producer_cfg.setdefault("transaction.timeout.ms", 60_000)
+            # NOTE: past transaction.timeout.ms the coordinator aborts the transaction,
+            # so a commit call waiting longer than that cannot succeed anyway
+            self._call_timeout_s = min(_TIMEOUT_S,
+                                       float(producer_cfg["transaction.timeout.ms"]) / 1000)
             self._ensure_commit_topic(base)
             self._reader = Consumer({
                 **base, "group.id": self.group_id, "enable.auto.commit": False,
@@ -267,12 +280,20 @@ class KafkaSink(Sink):
             batch.at("sink.after_data")
             marker = json.dumps({"batch_id": batch_id, "query_id": self._query_id(),
                                  "rows": df.height})
-            producer.send_offsets_to_transaction(
-                [TopicPartition(self.commit_topic, 0, batch_id + 1, metadata=marker)],
-                self._reader.consumer_group_metadata(),
-                _TIMEOUT_S,
-            )
-            producer.commit_transaction(_TIMEOUT_S)
+            group = self._reader.consumer_group_metadata()
+            self._bounded("send_offsets_to_transaction", batch_id, lambda: (
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(self.commit_topic, 0, batch_id + 1, metadata=marker)],
+                    group, self._call_timeout_s,
+                )))
+            self._bounded("commit_transaction", batch_id,
+                          lambda: producer.commit_transaction(self._call_timeout_s))
+        except TransactionStuckError:
+            # NOTE: no abort: the stuck call still owns the producer (a second
+            # transactional call would fail or block too); the next start's
+            # init_transactions fences this producer and aborts its transaction
+            self.close()
+            raise
         except KafkaException as exc:
             err = exc.args[0]
             self._abort(batch_id)
@@ -286,6 +307,39 @@ class KafkaSink(Sink):
             raise
         self.batches_written += 1
         batch.at("sink.after_commit")
+
+    def _bounded(self, what: str, batch_id: int, call: Callable[[], object]) -> None:
+        """``call()`` on a helper thread, given up on ``_GRACE_S`` past its timeout.
+
+        librdkafka's ``send_offsets_to_transaction`` can block for good, whatever its
+        timeout, when the group coordinator went down during the transaction (seen
+        with a broker SIGKILLed and restarted; confluentinc/librdkafka#5456); a batch
+        must fail instead of hanging the query.
+        """
+        outcome: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as exc:  # handed to the caller's thread
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+
+        thread = threading.Thread(target=run, name=f"microbatch-kafka-{what}", daemon=True)
+        thread.start()
+        thread.join(self._call_timeout_s + _GRACE_S)
+        if not outcome:
+            raise TransactionStuckError(
+                f"KafkaSink({self.topic!r}): {what} of batch {batch_id} did not return "
+                f"within {self._call_timeout_s + _GRACE_S:.0f}s (the Kafka client can block "
+                "past its timeout after the broker coordinating the transaction was down); the "
+                "transaction stays open, nothing of it is visible to read_committed "
+                "consumers, and it is aborted when the query starts again, which retries "
+                "the batch. Check that the broker is up, then restart the query."
+            )
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def _abort(self, batch_id: int) -> None:
         try:
