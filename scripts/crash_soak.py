@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -123,11 +124,22 @@ def run_soaks(names: list[str], kills: int, seed: int, work: Path, *, bootstrap:
               f"exact={done.verdict.exact} ({time.monotonic() - started:.0f} s)", flush=True)
         return done
 
+    def reported(index: int) -> harness.Soak | None:
+        try:
+            return one(index)
+        except Exception:  # say so now, not when the other variants are done
+            print(f"   {names[index]}: FAILED\n{traceback.format_exc()}", flush=True)
+            return None
+
     # the Kafka variants take longest per kill: start them first
     first = sorted(range(len(names)), key=lambda i: "kafka" not in names[i])
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        futures = {i: pool.submit(one, i) for i in first}
-        return [futures[i].result() for i in range(len(names))]
+        futures = {i: pool.submit(reported, i) for i in first}
+        done = [futures[i].result() for i in range(len(names))]
+    failed = [names[i] for i, run in enumerate(done) if run is None]
+    if failed:
+        raise SystemExit(f"the soak of {', '.join(failed)} failed (see above)")
+    return [run for run in done if run is not None]
 
 
 def start_broker(work: Path) -> str:

@@ -350,15 +350,22 @@ class Soak:
         if self._producer is None:
             self._producer = Producer({"bootstrap.servers": self.spec.bootstrap,
                                        "enable.idempotence": True, "linger.ms": 5})
+        producer = self._producer
         errors: list[Any] = []
         topic = f"{self.spec.topic}-in"
         for _ in range(count):
             index = self.landed
             for partition, value in kafka_messages(self.spec, index):
-                self._producer.produce(topic, value, partition=partition,
-                                       on_delivery=lambda e, _m: errors.append(e) if e else None)
+                while True:
+                    try:
+                        producer.produce(topic, value, partition=partition, on_delivery=lambda e,
+                                         _m: errors.append(e) if e else None)
+                        break
+                    except BufferError:  # the local queue is full: let deliveries drain it
+                        producer.poll(0.1)
+            producer.poll(0)
             self.landed += 1
-        left = self._producer.flush(60)
+        left = producer.flush(120)
         if left or errors:
             raise RuntimeError(f"input to {topic}: {left} unconfirmed, errors {errors[:3]}")
 
