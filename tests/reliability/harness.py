@@ -405,7 +405,7 @@ class Soak:
     def finish(self) -> Verdict:
         """Land every remaining input file, run cleanly to the end, verify."""
         self.land(self.spec.files)
-        outcome = self.run(Kill("clean"))
+        outcome = self.run(Kill("clean"), timeout=1800)  # the rest of the input
         if outcome.returncode != 0:
             raise AssertionError(
                 f"{self.spec.name}: the clean run failed ({outcome.returncode}):\n"
