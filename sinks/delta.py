@@ -451,7 +451,10 @@ class DeltaSink(Sink):
     def _write_error(self, batch_id: int, exc: Exception) -> SinkError:
         return SinkError(
             f"cannot write batch {batch_id} to Delta table {self.uri}: {_short(exc)}. "
-            "Nothing was committed; the batch is retried on the next start."
+            # NOTE: not "nothing was committed": when the store's answer to the commit
+            # was lost (a connection cut mid-request) the commit may have landed
+            "The batch is retried on the next start, which commits it only if the table "
+            "does not hold it yet (its app transaction)."
         )
 
 

@@ -153,6 +153,7 @@ def test_a_store_that_stays_down_fails_the_batch_clearly_then_a_restart_commits_
     message = str(error)
     assert re.search(r"cannot write batch 1 to Delta table s3://", message), message
     assert "retried on the next start" in message
+    assert "only if the table does not hold it yet" in message
     injected = sum(r["answer"] == "slowdown" for r in proxy.requests())
     assert injected == 1 + int(RETRIES["max_retries"])  # the first try and its retries
     assert took < 60
@@ -183,6 +184,7 @@ def test_proxy_killed_mid_commit_then_restarted(
         assert q.exception is None, q.exception
         time.sleep(0.02)
     proxy.kill()
+    proxy.clear()  # the restarted proxy answers the retry (it would hold it again)
     proxy.start()
     failed = None
     try:
@@ -195,4 +197,38 @@ def test_proxy_killed_mid_commit_then_restarted(
         with contextlib.suppress(Exception):
             assert status(chk)["state"] == "failed"
         assert start(uri, opts, chk).await_termination(120)
+    commits = [r["answer"] for r in proxy.requests()
+               if re.search(COMMIT, f"{r['method']} {r['path']}")]
+    print(f"{when}: {'failed, restarted' if failed else 'rode it out'}; commit PUTs: {commits}")
     assert_each_once(uri, s3_server)
+
+
+def test_endpoint_killed_after_the_commit_landed_and_down_for_good_then_back(
+    s3_server: S3Server, proxy: Proxy, tmp_path: Path
+) -> None:
+    """The store has batch 1's commit, the answer is lost and the endpoint stays
+    down: the batch fails clearly (it cannot say whether the commit landed); once
+    the endpoint is back, the restart finds batch 1 in the table's app transaction
+    and does not commit it again."""
+    uri, chk = f"s3://{s3_server.bucket()}/t", tmp_path / "chk"
+    opts = options(s3_server, proxy)
+    proxy.inject(COMMIT, "hang_after", count=1)
+    q = start(uri, opts, chk)
+    deadline = time.monotonic() + 60
+    while not any(r["answer"] == "hang_after" for r in proxy.requests()):
+        assert time.monotonic() < deadline, "the commit PUT never came"
+        time.sleep(0.02)
+    proxy.kill()
+    with pytest.raises(mb.QueryTerminatedError):
+        q.await_termination(120)
+    error = q.exception
+    assert isinstance(error, SinkError), error
+    assert "cannot write batch 1" in str(error)
+    assert "only if the table does not hold it yet" in str(error)
+    doc = status(chk)
+    assert doc["state"] == "failed"
+    assert [a for a in doc["alarms"] if a["code"] == "failed"]
+    proxy.clear()
+    proxy.start()
+    assert start(uri, opts, chk).await_termination(120)
+    assert_each_once(uri, s3_server)  # batch 1 once: one WRITE per batch
