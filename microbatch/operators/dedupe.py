@@ -28,7 +28,7 @@ from microbatch.operators.base import (
     check_signature,
     split_late_by_time,
 )
-from microbatch.operators.window_agg import _read_schema, _write_schema
+from microbatch.operators.window_agg import _read_schema, _schema_committed, _write_schema
 from microbatch.plan.aggregates import TIME
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class Deduplicate(SingleStoreOperator):
         self.state_dir = state_dir
         if state_dir is not None:
             check_signature(state_dir, self.signature())
-            if (state_dir / "schema.arrow").exists():
+            if _schema_committed(state_dir / "schema.arrow"):
                 self._make_provider(_read_schema(state_dir / "schema.arrow"))
                 if self.ttl_ms is not None:  # an idle query must know when a key expires
                     assert self.provider is not None

@@ -28,7 +28,7 @@ import polars as pl
 
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import OperatorContext, SingleStoreOperator, check_signature
-from microbatch.operators.window_agg import _read_schema, _write_schema
+from microbatch.operators.window_agg import _read_schema, _schema_committed, _write_schema
 from microbatch.plan.event_time import event_time_ms
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class FireOnce(SingleStoreOperator):
         self.state_dir = state_dir
         if state_dir is not None:
             check_signature(state_dir, self.signature())
-            if (state_dir / "schema.arrow").exists():
+            if _schema_committed(state_dir / "schema.arrow"):
                 self._make_provider(_read_schema(state_dir / "schema.arrow"))
 
     def _make_provider(self, schema: dict[str, Any]) -> None:

@@ -41,7 +41,7 @@ from microbatch.operators.base import (
     split_late_by_time,
 )
 from microbatch.operators.state import StoreSet
-from microbatch.operators.window_agg import _ms_to, _read_schema, _write_schema
+from microbatch.operators.window_agg import _ms_to, _read_schema, _schema_committed, _write_schema
 from microbatch.plan.aggregates import TIME, AggSpec
 from microbatch.plan.windows import SessionWindowSpec
 from sinks.base import OutputMode
@@ -88,7 +88,7 @@ class SessionAggregate(StatefulOperator):
         self.state_dir = state_dir
         if state_dir is not None:
             check_signature(state_dir, self.signature())
-            if (state_dir / "schema.arrow").exists():
+            if _schema_committed(state_dir / "schema.arrow"):
                 self._make_providers(_read_schema(state_dir / "schema.arrow"))
 
     def _make_providers(self, schema: dict[str, Any]) -> None:

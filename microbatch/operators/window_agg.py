@@ -124,7 +124,7 @@ class WindowAggregate(SingleStoreOperator):
         if state_dir is not None:
             check_signature(state_dir, self.signature())
             schema_path = state_dir / "schema.arrow"
-            if schema_path.exists():
+            if _schema_committed(schema_path):
                 self._make_provider(_read_schema(schema_path))
                 if self.ttl_ms is not None:
                     # NOTE: loaded now, not at the first batch: an idle query must know
@@ -501,6 +501,13 @@ def _write_schema(path: Path, schema: dict[str, Any]) -> None:
             **({"layout": "append"} if schema.get("layout") == "append" else {}),
         },
     )
+
+
+def _schema_committed(path: Path) -> bool:
+    """Whether :func:`_write_schema` finished for ``path``: its JSON names, written
+    after the Arrow types, are the commit point (a crash between the two leaves
+    only ``schema.arrow``, which the next start overwrites)."""
+    return path.with_suffix(".json").exists()
 
 
 def _read_schema(path: Path) -> dict[str, Any]:
