@@ -108,7 +108,8 @@ class Trace:
     def __call__(self, op: tuple[str, Path, Path | None, bytes | None]) -> None:
         kind, path, target, data = op
         path = Path(path)
-        if not self._inside(path):
+        tops = kind == "fsync_dir" and any(path == root.parent for root in self.roots)
+        if not (self._inside(path) or tops):
             return
         index = len(self.ops)
         if kind in ("write", "wrote"):
@@ -279,8 +280,11 @@ def crash_states(ops: list[Op], point: int, per_point: int, rng: random.Random, 
     ]
 
 
-def materialize(base: Tree, ops: list[Op], state: CrashState) -> Tree:
-    """The tree ``state`` leaves: ``base`` plus the persisted part of the prefix."""
+def materialize(base: Tree, ops: list[Op], state: CrashState,
+                tops: frozenset[Path] | None = None) -> Tree:
+    """The tree ``state`` leaves: ``base`` plus the persisted part of the prefix
+    (``tops``: directories that always exist; default: the parents of ``base``'s
+    top directories)."""
     prefix = ops[:state.point]
     lost = unsynced(prefix, strict=state.strict)
     names_unsynced = {op.index for op in lost.names}
@@ -313,16 +317,17 @@ def materialize(base: Tree, ops: list[Op], state: CrashState) -> Tree:
             names.pop(op.path, None)
         else:
             dirs.add(op.path)
-    roots = {d for d in base.dirs if d.parent not in base.dirs}
-    present = {d for d in dirs if _reachable(d, dirs, roots)}
+    if tops is None:
+        tops = frozenset(d.parent for d in base.dirs if d.parent not in base.dirs)
+    present = {d for d in dirs if _reachable(d, dirs, tops)}
     files = tuple(sorted((p, data.get(ino, b"")) for p, ino in names.items()
                          if p.parent in present))
     return Tree(frozenset(present), files)
 
 
-def _reachable(d: Path, dirs: set[Path], roots: set[Path]) -> bool:
-    while d not in roots:
-        if d not in dirs:
+def _reachable(d: Path, dirs: set[Path], tops: frozenset[Path]) -> bool:
+    while d not in tops:
+        if d not in dirs or d.parent == d:
             return False
         d = d.parent
     return True
@@ -367,6 +372,12 @@ PATHS: dict[str, harness.JobSpec] = {
 """The job paths explored: the reliability job's files source (JSON lines with
 bad lines) into a Parquet or Delta sink; the third snapshots every 2 versions
 and purges beyond 2, so snapshots, changelogs and deletes all happen."""
+
+FROM_SCRATCH = frozenset({"first start: file -> Parquet"})
+"""Paths recorded from an empty directory: the first run creates the checkpoint,
+its directories and the output (every ``mkdir`` is in the recording)."""
+PATHS["first start: file -> Parquet"] = harness.JobSpec(
+    source="files", sink="parquet", files=2, cap=1, snapshot_every=None, state_retention=None)
 
 
 @contextmanager
@@ -433,16 +444,22 @@ def ahead(chk: Path, log: str) -> list[str]:
 
 def explore(name: str, spec: harness.JobSpec, work: Path, *, per_point: int = 16,
             max_states: int | None = None, seed: int = 1, strict: bool = False,
-            last_points: int | None = None,
+            last_points: int | None = None, from_scratch: bool | None = None,
             progress: Callable[[str], None] | None = None) -> Report:
     """Record ``spec``'s job over its last quarter of input and explore its crash states
     (at most ``max_states`` distinct ones, spread over the crash points; only the last
-    ``last_points`` crash points when given)."""
+    ``last_points`` crash points when given; ``from_scratch``: record the very first
+    run instead, which creates the checkpoint and the output; default: whether
+    ``name`` is in :data:`FROM_SCRATCH`)."""
+    if from_scratch is None:
+        from_scratch = name in FROM_SCRATCH
     t0 = time.monotonic()
     soak = harness.Soak(spec, work)
     soak.prepare()  # lands 3/4 of the input
-    run_job(spec, work)  # the durable base state
     roots = (work / "chk", work / "out", work / "out-late")
+    tops = frozenset({work})
+    if not from_scratch:
+        run_job(spec, work)  # the durable base state
     base = snapshot(roots)
     soak.land(spec.files)
     trace = Trace(roots)
@@ -451,7 +468,7 @@ def explore(name: str, spec: harness.JobSpec, work: Path, *, per_point: int = 16
     final = snapshot(roots)
     everything = CrashState(len(trace.ops), frozenset(op.index for op in trace.ops), (),
                             external=len(trace.ops))
-    replayed = materialize(base, trace.ops, everything)
+    replayed = materialize(base, trace.ops, everything, tops)
     _check_complete(replayed, final)
     rng = random.Random(seed)
     states: list[CrashState] = []
@@ -460,7 +477,7 @@ def explore(name: str, spec: harness.JobSpec, work: Path, *, per_point: int = 16
         states.extend(crash_states(trace.ops, point, per_point, rng, strict=strict))
     trees: dict[str, tuple[CrashState, Tree]] = {}
     for state in states:
-        tree = materialize(base, trace.ops, state)
+        tree = materialize(base, trace.ops, state, tops)
         trees.setdefault(tree.digest(), (state, tree))
     chosen = list(trees.values())
     if max_states is not None and len(chosen) > max_states:

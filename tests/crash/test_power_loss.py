@@ -14,6 +14,7 @@ import explorer
 import pytest
 
 import sinks.delta_durability
+from microbatch.operators import window_agg
 from statestore.durable import write_atomic
 
 pytestmark = [pytest.mark.crash]
@@ -36,6 +37,8 @@ def test_every_sampled_power_loss_state_recovers_exactly_once(name: str, tmp_pat
         assert "wrote" in kinds, "the Delta sink reports delta-rs's files to the recorder"
     if "state store" in name:
         assert "unlink" in kinds, "purges of old state versions are explored too"
+    if name in explorer.FROM_SCRATCH:
+        assert "mkdir" in kinds, "the first start creates the checkpoint's directories"
 
 
 def test_without_the_delta_fsync_a_power_loss_loses_a_committed_batch(
@@ -70,3 +73,33 @@ def test_the_model_tears_an_unsynced_file_and_keeps_a_synced_one(tmp_path: Path)
                 files = dict(explorer.materialize(base, trace.ops, state).files)
                 seen.add(files.get(target))
         assert seen == want, (durable, seen)
+
+
+@pytest.mark.parametrize("agg", ["tumbling", "session", "fire_once"])
+def test_a_crash_between_the_two_state_schema_files_is_recovered(
+    agg: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the explorer's first-start path (a SIGKILL does it too): the
+    aggregation's state schema is ``schema.arrow`` then ``schema.json`` (the commit
+    point); a start that found only the first refused the checkpoint as corrupt."""
+    spec = explorer.harness.JobSpec(source="files", sink="parquet", agg=agg, files=2, cap=1,
+                                    snapshot_every=None, state_retention=None)  # type: ignore[arg-type]
+    soak = explorer.harness.Soak(spec, tmp_path)
+    soak.prepare()
+    soak.land(spec.files)
+    real = window_agg.write_json_atomic
+
+    def crash_before_names(path: Path, *args: object, **kwargs: object) -> None:
+        if path.name == "schema.json":
+            raise OSError(5, "the machine lost power here", str(path))
+        real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(window_agg, "write_json_atomic", crash_before_names)
+    with pytest.raises(Exception, match="lost power"):
+        explorer.run_job(spec, tmp_path)
+    monkeypatch.undo()
+    left = sorted(p.name for p in (tmp_path / "chk" / "state").rglob("schema.*"))
+    assert left == ["schema.arrow"]
+    explorer.run_job(spec, tmp_path)
+    verdict = explorer.harness.verify(spec, tmp_path)
+    assert verdict.exact, verdict
