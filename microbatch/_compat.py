@@ -27,7 +27,10 @@ MOVED: dict[str, str] = {
     "microbatch.joins": "microbatch.plan.joins",
     "microbatch.triggers": "microbatch.plan.triggers",
     "microbatch.execution": "microbatch.engine.execution",
-    "microbatch.executor": "microbatch.engine.executor",
+    "microbatch.executor": "microbatch.engine.batch_executor",
+    # 0.3: one letter from engine/executors.py (where a query runs); this one
+    # evaluates the plan over a batch
+    "microbatch.engine.executor": "microbatch.engine.batch_executor",
     "microbatch.watermark": "microbatch.engine.watermark",
     "microbatch.read_ahead": "microbatch.engine.read_ahead",
     "microbatch.faults": "microbatch.engine.faults",

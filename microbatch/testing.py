@@ -35,8 +35,8 @@ from microbatch.api.readers import MemoryStream, read_memory
 from microbatch.api.stream import Stream
 from microbatch.api.writer import output_keys, validate_aggregations
 from microbatch.checkpoint import Checkpoint
+from microbatch.engine.batch_executor import validate_joins
 from microbatch.engine.execution import MicroBatchExecution
-from microbatch.engine.executor import validate_joins
 from microbatch.plan.triggers import ProcessingTime
 from sinks.base import BatchContext, OutputMode, Sink
 

@@ -20,7 +20,6 @@ from microbatch.plan.joins import (
     IntervalJoinSpec,
     StaticJoinSpec,
     StaticTable,
-    WindowJoinSpec,
     parse_how,
     parse_keys,
 )
@@ -681,7 +680,8 @@ class Stream:
         >>> out.select(pl.col("window_start").dt.strftime("%H:%M"), "k", "clicks", "paid").rows()
         [('00:00', 1, 2, 5.0), ('00:00', 2, 1, 7.0)]
         """
-        from microbatch.plan.nodes import WindowJoinNode
+        from microbatch.plan.joins import AggregateJoinSpec
+        from microbatch.plan.nodes import AggregateJoinNode
 
         keys = parse_keys(on, what="join")
         how = parse_how(how, ("inner", "left", "right", "full"), what="join")
@@ -702,7 +702,7 @@ class Stream:
                 "window are joined (windows of different times never meet in one batch)"
             )
         self._check_join_inputs(other, "join", watermarks=True)
-        node = WindowJoinNode(self._plan, other.plan, WindowJoinSpec(keys, how))
+        node = AggregateJoinNode(self._plan, other.plan, AggregateJoinSpec(keys, how))
         return self._joined(other, node)
 
     def join_static(
@@ -1607,7 +1607,7 @@ class Stream:
                 "preview() runs stateless plans; for an aggregation or a stream-stream join "
                 "start a query with write_memory(name) and read mb.table(name)"
             )
-        from microbatch.engine.executor import BatchExecutor, input_frame
+        from microbatch.engine.batch_executor import BatchExecutor, input_frame
 
         inputs = {}
         for sid, source in enumerate(self._plan.sources()):
@@ -1887,8 +1887,7 @@ def _window_of(plan: PlanNode, side: str) -> WindowSpec:
 def window_columns_step(window: WindowSpec) -> Step:
     """A step adding ``window_start``/``window_end`` of ``window`` (one row per window
     a row falls in), typed like the window's column."""
-    from microbatch.operators.window_agg import _ms_to
-    from microbatch.plan.event_time import event_time_ms
+    from microbatch.plan.event_time import event_time_ms, ms_to_time
     from microbatch.plan.windows import assign_windows
 
     def apply(lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -1902,8 +1901,8 @@ def window_columns_step(window: WindowSpec) -> Step:
         t = event_time_ms(window.column, schema)
         assigned = assign_windows(lf.with_columns(t.alias("__mb_t")), window, "__mb_t")
         return assigned.with_columns(
-            _ms_to(pl.col("__ws"), dtype).alias("window_start"),
-            _ms_to(pl.col("__ws") + window.size_ms, dtype).alias("window_end"),
+            ms_to_time(pl.col("__ws"), dtype).alias("window_start"),
+            ms_to_time(pl.col("__ws") + window.size_ms, dtype).alias("window_end"),
         ).drop("__ws", "__mb_t")
 
     return Step("window_columns", (window.describe(),), apply)

@@ -34,8 +34,8 @@ from microbatch.distributed.cluster import RayConnection
 from microbatch.distributed.sharding import ShardLayout, bind_layout, frontier
 from microbatch.distributed.shipping import dumps_plan
 from microbatch.distributed.worker import ShardWorker, from_wire, to_wire
+from microbatch.engine.batch_executor import BatchExecutor
 from microbatch.engine.durability import Durability
-from microbatch.engine.executor import BatchExecutor
 from microbatch.exceptions import ExecutorError, MicrobatchError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.nodes import PlanNode

@@ -28,50 +28,14 @@ from typing import Any, Literal
 import polars as pl
 
 from microbatch.checkpoint.files import make_dirs, read_json, write_json_atomic
-from microbatch.engine.executor import SHARD_FILE
+from microbatch.engine.batch_executor import SHARD_FILE
 from microbatch.exceptions import IncompatibleCheckpointError
-from microbatch.plan.nodes import (
-    AggregateNode,
-    AsOfJoinNode,
-    DedupeNode,
-    FireOnceNode,
-    IntervalJoinNode,
-    PlanNode,
-    StaticJoinNode,
-    TransformNode,
-    WindowJoinNode,
-)
+from microbatch.plan.nodes import PlanNode, StatefulNode
 
 HASH_SEED = 0x6D62
 _PROBE = pl.DataFrame({"k": [0, 1, -7, 2**40], "s": ["a", "", "card-17", None]})
 
-STATEFUL_NODES = (
-    AggregateNode,
-    DedupeNode,
-    FireOnceNode,
-    TransformNode,
-    IntervalJoinNode,
-    AsOfJoinNode,
-    StaticJoinNode,
-)
-
 Mode = Literal["hash", "single", "spread"]
-
-
-def node_keys(node: PlanNode) -> tuple[str, ...] | None:
-    """The columns a node needs all rows of one value of in one place
-    (``None``: the node is row-local and needs nothing)."""
-    if isinstance(node, AggregateNode):
-        return node.keys
-    if isinstance(node, FireOnceNode):
-        return node.child.keys
-    if isinstance(node, DedupeNode):
-        return node.subset
-    if isinstance(node, TransformNode):
-        return node.spec.keys
-    if isinstance(node, IntervalJoinNode | AsOfJoinNode | WindowJoinNode):
-        return node.spec.on
-    return None
 
 
 def frontier(plan: PlanNode) -> list[tuple[int, int]]:
@@ -79,10 +43,10 @@ def frontier(plan: PlanNode) -> list[tuple[int, int]]:
     inputs hold no stateful node: where rows are exchanged between workers."""
     out = []
     for pos, node in enumerate(plan.walk()):
-        if not isinstance(node, STATEFUL_NODES):
+        if not isinstance(node, StatefulNode):
             continue
         for side, child in enumerate(node.children):
-            if not any(isinstance(n, STATEFUL_NODES) for n in child.walk()):
+            if not any(isinstance(n, StatefulNode) for n in child.walk()):
                 out.append((pos, side))
     return out
 
@@ -97,7 +61,7 @@ class ShardLayout:
 
     @classmethod
     def for_plan(cls, plan: PlanNode, shards: int) -> ShardLayout:
-        keyed = [k for k in map(node_keys, plan.walk()) if k is not None]
+        keyed = [k for k in (node.shard_keys() for node in plan.walk()) if k is not None]
         if not keyed:
             return cls(shards, "spread", ())
         common = [c for c in keyed[0] if all(c in k for k in keyed[1:])]

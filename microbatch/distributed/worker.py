@@ -6,7 +6,7 @@ of each source's rows -> the rows entering the plan's stateful nodes, cut into
 one piece per shard), then :meth:`ShardWorker.reduce` (each owned shard: the
 pieces of all workers, in slice order -> the shard's operators -> its output
 rows), then :meth:`ShardWorker.commit`. Each shard is a
-:class:`~microbatch.engine.executor.BatchExecutor` over the shard's own state
+:class:`~microbatch.engine.batch_executor.BatchExecutor` over the shard's own state
 directory, so a shard behaves exactly as the whole query does in one process,
 for the keys that hash to it.
 """
@@ -24,8 +24,8 @@ import pyarrow as pa
 
 from microbatch.distributed.sharding import ShardLayout, frontier
 from microbatch.distributed.shipping import loads_plan
+from microbatch.engine.batch_executor import BatchExecutor
 from microbatch.engine.durability import Durability, durability_level
-from microbatch.engine.executor import BatchExecutor
 from microbatch.engine.faults import fault_point
 from microbatch.engine.watermark import WatermarkTracker
 from microbatch.operators.base import OperatorContext

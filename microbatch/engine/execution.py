@@ -43,8 +43,8 @@ from typing import Any
 import polars as pl
 
 from microbatch.checkpoint import Checkpoint, CommitEntry, OffsetEntry
+from microbatch.engine.batch_executor import input_frame
 from microbatch.engine.durability import Durability, durability_level
-from microbatch.engine.executor import input_frame
 from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner
 from microbatch.engine.faults import fault_point, side_fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges

@@ -20,8 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import polars as pl
 
+from microbatch.engine.batch_executor import BatchExecutor
 from microbatch.engine.durability import Durability
-from microbatch.engine.executor import BatchExecutor
 from microbatch.engine.watermark import WatermarkTracker
 from microbatch.operators.base import OperatorContext, StatefulOperator
 from microbatch.plan.nodes import PlanNode

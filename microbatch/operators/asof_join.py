@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from microbatch.operators.base import OperatorContext, check_signature
+from microbatch.operators.base import OperatorContext, StatefulOperator, check_signature
 from microbatch.operators.join_state import (
     BinaryOperator,
     InputState,
@@ -44,11 +44,14 @@ from microbatch.operators.join_state import (
     require_same_key_types,
     split_late,
 )
+from microbatch.operators.registry import builds
 from microbatch.operators.state import StoreSet
 from microbatch.plan.joins import AsOfJoinSpec, output_columns
+from microbatch.plan.nodes import AsOfJoinNode
 
 if TYPE_CHECKING:
     pass
+    from sinks.base import OutputMode
 
 RID, SLOT, VF, NEXT, N, FOUND, OLD = "__rid", "__slot", "__vf", "__next", "__n", "__found", "__old"
 HIT = "__hit"
@@ -279,3 +282,9 @@ class AsOfJoin(BinaryOperator):
         if spec.how == "inner":
             joined = joined.filter(pl.col(HIT).is_not_null())
         return joined.select(out_cols)
+
+
+@builds(AsOfJoinNode)
+def build_asof_join(node: AsOfJoinNode, operator_id: str, mode: OutputMode) -> StatefulOperator:
+    """``join_asof_table``: events with the changelog's version as of their time."""
+    return AsOfJoin(operator_id=operator_id, spec=node.spec)

@@ -25,13 +25,17 @@ from microbatch.exceptions import PlanError
 from microbatch.operators.base import (
     OperatorContext,
     SingleStoreOperator,
+    StatefulOperator,
     check_signature,
     split_late_by_time,
 )
-from microbatch.operators.window_agg import _read_schema, _schema_committed, _write_schema
+from microbatch.operators.registry import builds
+from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.aggregates import TIME
+from microbatch.plan.nodes import DedupeNode
 
 if TYPE_CHECKING:
+    from sinks.base import OutputMode
     from statestore import StateStore, StateStoreProvider
 
 EXPIRES = "__expires"
@@ -75,8 +79,9 @@ class Deduplicate(SingleStoreOperator):
         self.state_dir = state_dir
         if state_dir is not None:
             check_signature(state_dir, self.signature())
-            if _schema_committed(state_dir / "schema.arrow"):
-                self._make_provider(_read_schema(state_dir / "schema.arrow"))
+            recorded = read_keyed_schema(state_dir)
+            if recorded is not None:
+                self._make_provider(recorded)
                 if self.ttl_ms is not None:  # an idle query must know when a key expires
                     assert self.provider is not None
                     self.store = self.provider.load(batch_id)
@@ -108,7 +113,7 @@ class Deduplicate(SingleStoreOperator):
                 "out_time": None,
             }
             assert self.state_dir is not None
-            _write_schema(self.state_dir / "schema.arrow", schema)
+            write_keyed_schema(self.state_dir, schema)
             self._make_provider(schema)
         assert self.provider is not None
         self.store = self.provider.load(batch_id)
@@ -170,3 +175,15 @@ class Deduplicate(SingleStoreOperator):
             "duplicates_dropped": df.height - new.height,
         }
         return new
+
+
+@builds(DedupeNode)
+def build_dedupe(node: DedupeNode, operator_id: str, mode: OutputMode) -> StatefulOperator:
+    """``drop_duplicates`` within a watermark delay, or with a processing-time TTL."""
+    return Deduplicate(
+        operator_id=operator_id,
+        subset=list(node.subset),
+        within_ms=node.within_ms,
+        time_column=node.time_column,
+        ttl_ms=node.ttl_ms,
+    )

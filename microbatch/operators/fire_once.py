@@ -27,11 +27,19 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from microbatch.exceptions import PlanError
-from microbatch.operators.base import OperatorContext, SingleStoreOperator, check_signature
-from microbatch.operators.window_agg import _read_schema, _schema_committed, _write_schema
+from microbatch.operators.base import (
+    OperatorContext,
+    SingleStoreOperator,
+    StatefulOperator,
+    check_signature,
+)
+from microbatch.operators.registry import builds
+from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.event_time import event_time_ms
+from microbatch.plan.nodes import FireOnceNode
 
 if TYPE_CHECKING:
+    from sinks.base import OutputMode
     from statestore import StateStore, StateStoreProvider
 
 WS = "__ws"
@@ -76,8 +84,9 @@ class FireOnce(SingleStoreOperator):
         self.state_dir = state_dir
         if state_dir is not None:
             check_signature(state_dir, self.signature())
-            if _schema_committed(state_dir / "schema.arrow"):
-                self._make_provider(_read_schema(state_dir / "schema.arrow"))
+            recorded = read_keyed_schema(state_dir)
+            if recorded is not None:
+                self._make_provider(recorded)
 
     def _make_provider(self, schema: dict[str, Any]) -> None:
         from statestore import StateStoreProvider
@@ -102,7 +111,7 @@ class FireOnce(SingleStoreOperator):
                 "out_time": None,
             }
             assert self.state_dir is not None
-            _write_schema(self.state_dir / "schema.arrow", schema)
+            write_keyed_schema(self.state_dir, schema)
             self._make_provider(schema)
         assert self.provider is not None
         self.store = self.provider.load(batch_id)
@@ -150,3 +159,16 @@ class FireOnce(SingleStoreOperator):
         out = chosen.drop(WS, FIRE, "__found")
         out = out.rename({REV: REVISION}) if self.corrections else out.drop(REV)
         return out, int(chosen.select((~pl.col("__found")).sum()).item())
+
+
+@builds(FireOnceNode)
+def build_fire_once(node: FireOnceNode, operator_id: str, mode: OutputMode) -> StatefulOperator:
+    """``fire_once`` over its aggregation (which runs in update mode below it)."""
+    window = node.child.window
+    return FireOnce(
+        operator_id=operator_id,
+        condition=node.condition,
+        keys=list(node.child.keys),
+        allowed_lateness_ms=getattr(window, "allowed_lateness_ms", 0),
+        corrections=node.corrections,
+    )

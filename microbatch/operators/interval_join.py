@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from microbatch.operators.base import OperatorContext, check_signature
+from microbatch.operators.base import OperatorContext, StatefulOperator, check_signature
 from microbatch.operators.join_state import (
     BinaryOperator,
     InputState,
@@ -48,10 +48,13 @@ from microbatch.operators.join_state import (
     require_same_key_types,
     split_late,
 )
+from microbatch.operators.registry import builds
 from microbatch.operators.state import StoreSet
 from microbatch.plan.joins import IntervalJoinSpec, output_columns
+from microbatch.plan.nodes import IntervalJoinNode
 
 if TYPE_CHECKING:
+    from sinks.base import OutputMode
     from statestore import StateStore
 
 SLOT, EXP, MATCHED = "__slot", "__exp", "__matched"
@@ -486,3 +489,11 @@ def _flag(
         hits(stored_hits), on=[*on, SLOT], how="semi", maintain_order="left"
     )
     return pl.concat([flagged, first.with_columns(pl.lit(True).alias(MATCHED))], how="diagonal")
+
+
+@builds(IntervalJoinNode)
+def build_interval_join(
+    node: IntervalJoinNode, operator_id: str, mode: OutputMode
+) -> StatefulOperator:
+    """The stream-stream interval join (``join_interval``, ``join_window``)."""
+    return IntervalJoin(operator_id=operator_id, spec=node.spec)

@@ -10,24 +10,18 @@ already at a higher version.
 
 from __future__ import annotations
 
-import io
 from abc import abstractmethod
 from pathlib import Path
 
 import polars as pl
 
-from microbatch.checkpoint.files import (
-    make_dirs,
-    read_json,
-    write_bytes_atomic,
-    write_json_atomic,
-)
 from microbatch.exceptions import IncompatibleCheckpointError, PlanError
 from microbatch.operators.base import (
     OperatorContext,
     StatefulOperator,
     split_late_by_time,
 )
+from microbatch.operators.state_schema import StateSchemaFile
 
 T = "__t"
 """Transient column: a row's join time in epoch milliseconds."""
@@ -80,25 +74,18 @@ class InputState:
     def open(self, directory: Path | None) -> bool:
         """Bind to ``directory``; True when the input's schema was recorded before."""
         self.directory = directory
-        if directory is None or not (directory / "meta.json").exists():
+        if directory is None or not _schema_file(directory).committed():
             return False
-        meta = read_json(directory / "meta.json", "join-input")
+        self.schema, meta = _schema_file(directory).read()
         self.base = int(meta["base"])
-        self.schema = pl.Schema(pl.read_ipc_schema(directory / "schema.arrow"))
         return True
 
     def define(self, schema: pl.Schema, batch_id: int) -> None:
         """Record the input's columns, first seen in ``batch_id``."""
         if self.directory is None:
             raise AssertionError("stream joins need a checkpoint directory")
-        make_dirs(self.directory)
-        buf = io.BytesIO()
-        schema.to_frame().write_ipc(buf)
-        write_bytes_atomic(self.directory / "schema.arrow", buf.getvalue())
-        # NOTE: meta.json last: its presence says the schema file is complete
-        write_json_atomic(
-            self.directory / "meta.json", "join-input", {"base": batch_id, "columns": list(schema)}
-        )
+        # NOTE: meta.json is the commit point: its presence says schema.arrow is complete
+        _schema_file(self.directory).write(schema, {"base": batch_id, "columns": list(schema)})
         self.schema = schema
         self.base = batch_id
 
@@ -121,6 +108,11 @@ class InputState:
     def version(self, batch_id: int) -> int:
         """The store version that holds the state before ``batch_id``."""
         return batch_id - self.base
+
+
+def _schema_file(directory: Path) -> StateSchemaFile:
+    """A join input's column types (``schema.arrow``) and ``meta.json``."""
+    return StateSchemaFile(directory / "schema.arrow", directory / "meta.json", "join-input")
 
 
 class BinaryOperator(StatefulOperator):

@@ -41,8 +41,9 @@ from microbatch.operators.base import (
     split_late_by_time,
 )
 from microbatch.operators.state import StoreSet
-from microbatch.operators.window_agg import _ms_to, _read_schema, _schema_committed, _write_schema
+from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.aggregates import TIME, AggSpec
+from microbatch.plan.event_time import ms_to_time
 from microbatch.plan.windows import SessionWindowSpec
 from sinks.base import OutputMode
 
@@ -88,8 +89,9 @@ class SessionAggregate(StatefulOperator):
         self.state_dir = state_dir
         if state_dir is not None:
             check_signature(state_dir, self.signature())
-            if _schema_committed(state_dir / "schema.arrow"):
-                self._make_providers(_read_schema(state_dir / "schema.arrow"))
+            recorded = read_keyed_schema(state_dir)
+            if recorded is not None:
+                self._make_providers(recorded)
 
     def _make_providers(self, schema: dict[str, Any]) -> None:
         assert self.state_dir is not None
@@ -134,7 +136,7 @@ class SessionAggregate(StatefulOperator):
                 "out_time": df.schema[self.window.column],
             }
             assert self.state_dir is not None
-            _write_schema(self.state_dir / "schema.arrow", schema)
+            write_keyed_schema(self.state_dir, schema)
             self._make_providers(schema)
         elif df.width:
             check_input_types(
@@ -270,8 +272,8 @@ class SessionAggregate(StatefulOperator):
     def _finalize(self, rows: pl.DataFrame) -> pl.DataFrame:
         dtype = self.out_time_dtype or pl.Datetime("ms")
         result = rows.select(
-            _ms_to(pl.col(S), dtype).alias("window_start"),
-            _ms_to(pl.col(E), dtype).alias("window_end"),
+            ms_to_time(pl.col(S), dtype).alias("window_start"),
+            ms_to_time(pl.col(E), dtype).alias("window_end"),
             *[pl.col(k) for k in self.keys],
             *[a.finalize() for a in self.aggs],
         )

@@ -23,7 +23,10 @@ import polars as pl
 from microbatch.checkpoint.files import make_dirs, read_json, remove, write_json_atomic
 from microbatch.exceptions import PlanError, SourceError
 from microbatch.operators.base import OperatorContext, StatefulOperator, check_signature
+from microbatch.operators.registry import builds
 from microbatch.plan.joins import StaticJoinSpec, StaticTable
+from microbatch.plan.nodes import StaticJoinNode
+from sinks.base import OutputMode
 
 log = logging.getLogger("microbatch.plan.joins")
 
@@ -163,3 +166,9 @@ class StaticJoin(StatefulOperator):
             coalesce=True,
             maintain_order="left",
         )
+
+
+@builds(StaticJoinNode)
+def build_static_join(node: StaticJoinNode, operator_id: str, mode: OutputMode) -> StatefulOperator:
+    """``join_static``: row-local, re-reads the table when it changes."""
+    return StaticJoin(operator_id=operator_id, spec=node.spec)

@@ -28,7 +28,6 @@ and produces the same.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +35,6 @@ import polars as pl
 
 from microbatch.checkpoint.files import (
     make_dirs,
-    read_json,
-    write_bytes_atomic,
-    write_json_atomic,
 )
 from microbatch.exceptions import IncompatibleCheckpointError, PlanError, TransformError
 from microbatch.operators.base import (
@@ -47,8 +43,11 @@ from microbatch.operators.base import (
     check_signature,
     split_late_by_time,
 )
+from microbatch.operators.registry import builds
 from microbatch.operators.state import StoreSet
+from microbatch.operators.state_schema import StateSchemaFile, read_types, write_types
 from microbatch.plan.event_time import event_time_ms
+from microbatch.plan.nodes import TransformNode
 from microbatch.plan.stateful import (
     KIND,
     TIMER,
@@ -59,6 +58,7 @@ from microbatch.plan.stateful import (
 )
 
 if TYPE_CHECKING:
+    from sinks.base import OutputMode
     from statestore import StateStore
 
 __all__ = ["TransformWithState"]
@@ -101,21 +101,24 @@ class TransformWithState(StatefulOperator):
         if state_dir is None:
             return
         check_signature(state_dir, self.signature())
-        if (state_dir / SCHEMA_FILE).exists():
+        if self._schema_file().committed():
             recorded = self._recorded()
             self._evolve(recorded)
-            pending = (pl.Schema(pl.read_ipc_schema(state_dir / PENDING_ARROW))
+            pending = (read_types(state_dir / PENDING_ARROW)
                        if self.spec.event_time_order else None)
             self._define(pl.Schema(recorded["keys"]), pending)
             # NOTE: loaded now, not at the first batch: an idle query must know
             # whether a processing-time timer or TTL is due before any row arrives
             self.state.load_all(batch_id)
 
+    def _schema_file(self) -> StateSchemaFile:
+        assert self.state_dir is not None
+        return StateSchemaFile(self.state_dir / SCHEMA_ARROW, self.state_dir / SCHEMA_FILE,
+                               "transform-state")
+
     def _recorded(self) -> dict[str, Any]:
         """The recorded key and state columns (exact types: an Arrow IPC schema)."""
-        assert self.state_dir is not None
-        names = read_json(self.state_dir / SCHEMA_FILE, "transform-state")
-        types = pl.read_ipc_schema(self.state_dir / SCHEMA_ARROW)
+        types, names = self._schema_file().read()
         return {"keys": {k: types[k] for k in names["keys"]},
                 "values": {k: types[k] for k in names["values"]},
                 "added": names.get("added", [])}
@@ -146,10 +149,8 @@ class TransformWithState(StatefulOperator):
         assert self.state_dir is not None
         make_dirs(self.state_dir)
         if pending is not None:
-            write_bytes_atomic(self.state_dir / PENDING_ARROW, _ipc_schema(pending))
-        write_bytes_atomic(self.state_dir / SCHEMA_ARROW, _ipc_schema(pl.Schema({**keys,
-                                                                               **values})))
-        write_json_atomic(self.state_dir / SCHEMA_FILE, "transform-state", {
+            write_types(self.state_dir / PENDING_ARROW, pending)
+        self._schema_file().write({**keys, **values}, {
             "keys": list(keys), "values": list(values), "added": list(added)})
 
     def _define(self, keys: pl.Schema, pending: pl.Schema | None) -> None:
@@ -465,8 +466,8 @@ class TransformWithState(StatefulOperator):
                           KIND: pl.String()}).to_frame()
 
 
-def _ipc_schema(schema: pl.Schema) -> bytes:
-    """``schema`` as an empty Arrow IPC file: the exact types, for the next start."""
-    buf = io.BytesIO()
-    schema.to_frame().write_ipc(buf)
-    return buf.getvalue()
+
+@builds(TransformNode)
+def build_transform(node: TransformNode, operator_id: str, mode: OutputMode) -> StatefulOperator:
+    """``transform_with_state``: its output is what ``fn`` returns, whatever the mode."""
+    return TransformWithState(operator_id=operator_id, spec=node.spec)

@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
-from microbatch.checkpoint.files import read_json, write_json_atomic
 from microbatch.durations import format_duration_ms
 from microbatch.exceptions import PlanError
 from microbatch.frames import collect
@@ -53,15 +52,19 @@ from microbatch.operators.base import (
     LATE_REASON,
     OperatorContext,
     SingleStoreOperator,
+    StatefulOperator,
     check_input_types,
     check_signature,
     iso_ms,
     late_reason,
 )
 from microbatch.operators.packed_group_by import group_by_window_and_key
+from microbatch.operators.registry import builds
+from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.aggregates import TIME, AggSpec
-from microbatch.plan.event_time import event_time_ms
-from microbatch.plan.windows import WindowSpec, assign_windows
+from microbatch.plan.event_time import event_time_ms, ms_to_time
+from microbatch.plan.nodes import AggregateNode
+from microbatch.plan.windows import SessionWindowSpec, WindowSpec, assign_windows
 from sinks.base import OutputMode
 
 if TYPE_CHECKING:
@@ -123,9 +126,9 @@ class WindowAggregate(SingleStoreOperator):
         self.state_dir = state_dir
         if state_dir is not None:
             check_signature(state_dir, self.signature())
-            schema_path = state_dir / "schema.arrow"
-            if _schema_committed(schema_path):
-                self._make_provider(_read_schema(schema_path))
+            recorded = read_keyed_schema(state_dir)
+            if recorded is not None:
+                self._make_provider(recorded)
                 if self.ttl_ms is not None:
                     # NOTE: loaded now, not at the first batch: an idle query must know
                     # when the TTL of some key is due before any row arrives
@@ -191,7 +194,7 @@ class WindowAggregate(SingleStoreOperator):
                 return False
             schema = self._state_schema(df)
             assert self.state_dir is not None
-            _write_schema(self.state_dir / "schema.arrow", schema)
+            write_keyed_schema(self.state_dir, schema)
             self._make_provider(schema)
         elif df.width:
             self._check_types(df, batch_id)
@@ -452,8 +455,8 @@ class WindowAggregate(SingleStoreOperator):
         if self.window is not None:
             dtype = self.out_time_dtype or pl.Datetime("ms")
             out += [
-                _ms_to(pl.col(WS), dtype).alias("window_start"),
-                _ms_to(pl.col(WS) + self.window.size_ms, dtype).alias("window_end"),
+                ms_to_time(pl.col(WS), dtype).alias("window_start"),
+                ms_to_time(pl.col(WS) + self.window.size_ms, dtype).alias("window_end"),
             ]
         out += [pl.col(k) for k in self.keys]
         out += [a.finalize() for a in self.aggs]
@@ -468,55 +471,24 @@ class WindowAggregate(SingleStoreOperator):
         return rows.select(out)
 
 
-def _ms_to(expr: pl.Expr, dtype: pl.DataType) -> pl.Expr:
-    if isinstance(dtype, pl.Datetime):
-        ms = pl.from_epoch(expr, time_unit="ms")
-        if dtype.time_zone:
-            ms = ms.dt.replace_time_zone("UTC").dt.convert_time_zone(dtype.time_zone)
-        return ms.dt.cast_time_unit(dtype.time_unit or "us")
-    if dtype == pl.Date:
-        return pl.from_epoch(expr, time_unit="ms").dt.date()
-    return expr.cast(dtype)
+@builds(AggregateNode)
+def build_aggregate(node: AggregateNode, operator_id: str, mode: OutputMode) -> StatefulOperator:
+    """A window (or keyed, without a window) aggregation; sessions have their own."""
+    if isinstance(node.window, SessionWindowSpec):
+        from microbatch.operators.session import SessionAggregate
 
-
-def _write_schema(path: Path, schema: dict[str, Any]) -> None:
-    """Persist the state's column types as an empty Arrow IPC file (exact dtypes)."""
-    import io
-
-    from microbatch.checkpoint.files import write_bytes_atomic
-
-    cols = {**schema["keys"], **schema["values"]}
-    if schema["out_time"] is not None:
-        cols["__out_time"] = schema["out_time"]
-    buf = io.BytesIO()
-    pl.Schema(cols).to_frame().write_ipc(buf)
-    write_bytes_atomic(path, buf.getvalue())
-    write_json_atomic(
-        path.with_suffix(".json"),
-        "state-schema",
-        {
-            "keys": list(schema["keys"]),
-            "values": list(schema["values"]),
-            # NOTE: only the append buffer is recorded; absent means a keyed store
-            **({"layout": "append"} if schema.get("layout") == "append" else {}),
-        },
+        return SessionAggregate(
+            operator_id=operator_id,
+            window=node.window,
+            keys=list(node.keys),
+            aggs=list(node.aggs),
+            output_mode=mode,
+        )
+    return WindowAggregate(
+        operator_id=operator_id,
+        window=node.window,
+        keys=list(node.keys),
+        aggs=list(node.aggs),
+        output_mode=mode,
+        ttl_ms=node.ttl_ms,
     )
-
-
-def _schema_committed(path: Path) -> bool:
-    """Whether :func:`_write_schema` finished for ``path``: its JSON names, written
-    after the Arrow types, are the commit point (a crash between the two leaves
-    only ``schema.arrow``, which the next start overwrites)."""
-    return path.with_suffix(".json").exists()
-
-
-def _read_schema(path: Path) -> dict[str, Any]:
-    names = read_json(path.with_suffix(".json"), "state-schema")
-    types = pl.read_ipc_schema(path)
-    return {
-        "keys": {k: types[k] for k in names["keys"]},
-        "values": {k: types[k] for k in names["values"]},
-        "out_time": types.get("__out_time"),
-        # NOTE: checkpoints written before the append buffer existed keep a keyed store
-        "layout": names.get("layout", "keyed"),
-    }

@@ -63,3 +63,16 @@ def event_time_ms(column: str, schema: pl.Schema) -> pl.Expr:
         f"event-time column {column!r} has type {dtype}; it must be a Datetime, a Date, "
         "or an integer of epoch milliseconds. Cast it with .with_columns(...) first."
     )
+
+
+def ms_to_time(expr: pl.Expr, dtype: pl.DataType) -> pl.Expr:
+    """Epoch milliseconds (``expr``) as the event-time type ``dtype`` (the
+    inverse of :func:`event_time_ms`): how window bounds are emitted."""
+    if isinstance(dtype, pl.Datetime):
+        ms = pl.from_epoch(expr, time_unit="ms")
+        if dtype.time_zone:
+            ms = ms.dt.replace_time_zone("UTC").dt.convert_time_zone(dtype.time_zone)
+        return ms.dt.cast_time_unit(dtype.time_unit or "us")
+    if dtype == pl.Date:
+        return pl.from_epoch(expr, time_unit="ms").dt.date()
+    return expr.cast(dtype)

@@ -5,7 +5,7 @@ What runs is built from these by the executor (:mod:`microbatch.operators`):
 - :class:`IntervalJoinSpec` — stream-stream, rows whose right time falls in
   ``[left time + lower, left time + upper]`` (``join_interval``; ``join_window``
   is built on it);
-- :class:`WindowJoinSpec` — two append-mode windowed aggregations joined per
+- :class:`AggregateJoinSpec` — two append-mode windowed aggregations joined per
   window (``join``);
 - :class:`StaticJoinSpec` — a stream enriched from a static table that is
   re-read when it changes (``join_static``);
@@ -130,7 +130,7 @@ class IntervalJoinSpec:
 
 
 @dataclass(frozen=True)
-class WindowJoinSpec:
+class AggregateJoinSpec:
     """``left.join(right, on=[window_start, keys...], how)`` of two windowed aggregations."""
 
     on: tuple[str, ...]

@@ -11,14 +11,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import polars as pl
 
 from microbatch.frames import collect
 from microbatch.plan.aggregates import AggSpec
 from microbatch.plan.event_time import WatermarkSpec
-from microbatch.plan.joins import AsOfJoinSpec, IntervalJoinSpec, StaticJoinSpec, WindowJoinSpec
+from microbatch.plan.joins import (
+    AggregateJoinSpec,
+    AsOfJoinSpec,
+    IntervalJoinSpec,
+    StaticJoinSpec,
+)
 from microbatch.plan.stateful import TransformSpec
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import Source
@@ -42,6 +47,13 @@ class PlanNode(ABC):
         for child in self.children:
             yield from child.walk()
 
+    def shard_keys(self) -> tuple[str, ...] | None:
+        """The columns whose rows of one value this node needs in one place
+        (Spark's required child distribution); ``None``: row-local, any split
+        of the rows will do. A scaled-out query hashes rows to shards by the
+        keys every node of its plan has in common."""
+        return None
+
     def sources(self) -> list[Source]:
         """The plan's sources in a stable order (their ids are the positions)."""
         return [node.source for node in self.walk() if isinstance(node, SourceNode)]
@@ -51,6 +63,40 @@ class PlanNode(ABC):
         lines = ["  " * indent + self.label()]
         lines += [child.explain(indent + 1) for child in self.children]
         return "\n".join(lines)
+
+
+class StatefulNode(PlanNode):
+    """A plan node run by a stateful operator that keeps state across batches.
+
+    Each subclass declares what the engine needs to know without a list of
+    classes anywhere else:
+
+    - ``kind``: the prefix of its operator id (``agg``, ``fire``, ...). The
+      engine numbers stateful nodes in plan order, ``<kind>-<i>`` where ``i``
+      counts every stateful node before it; the id names the operator's state
+      directory (``state/<id>/``) in existing checkpoints, so neither the
+      prefixes nor the numbering ever change.
+    - :meth:`shard_keys`: how its input must be partitioned when scaled out.
+    - ``children``: its inputs (one, or two for a stream-stream join).
+    - ``child_output_mode``: the output mode its stateful child must run in
+      (``None``: the query's).
+    - ``keeps_hidden_columns``: its input keeps the engine's ``__mb_*``
+      columns (a row-local node that passes them on).
+
+    The operator that runs a node is registered for its class in
+    :mod:`microbatch.operators.registry` by the operator's own module.
+    """
+
+    kind: ClassVar[str]
+    child_output_mode: ClassVar[Literal["append", "update", "complete"] | None] = None
+    keeps_hidden_columns: ClassVar[bool] = False
+
+    def label(self) -> str:
+        return f"{self.describe_node()}  [stateful]"
+
+    @abstractmethod
+    def describe_node(self) -> str:
+        """One line for ``explain()``, without the ``[stateful]`` mark."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,8 +192,10 @@ class WatermarkNode(PlanNode):
 
 
 @dataclass(frozen=True, eq=False)
-class AggregateNode(PlanNode):
+class AggregateNode(StatefulNode):
     """A streaming ``group_by([window], *keys).agg(...)``; keeps state."""
+
+    kind: ClassVar[str] = "agg"
 
     child: PlanNode
     window: WindowSpec | SessionWindowSpec | None
@@ -160,12 +208,15 @@ class AggregateNode(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
-    def label(self) -> str:
+    def shard_keys(self) -> tuple[str, ...]:
+        return self.keys
+
+    def describe_node(self) -> str:
         win = ""
         if self.window is not None:
             win = ", ".join(f"{k}={v}" for k, v in self.window.describe().items()) + "; "
         aggs = ", ".join(f"{a.kind}({a.column or ''}) as {a.output}" for a in self.aggs)
-        return f"Aggregate[{win}keys={list(self.keys)}]({aggs})  [stateful]"
+        return f"Aggregate[{win}keys={list(self.keys)}]({aggs})"
 
     def output_keys(self) -> list[str]:
         """Columns that identify an output row (for update-mode sinks)."""
@@ -174,7 +225,7 @@ class AggregateNode(PlanNode):
 
 
 @dataclass(frozen=True, eq=False)
-class FireOnceNode(PlanNode):
+class FireOnceNode(StatefulNode):
     """``agg(...).fire_once(condition)``: a windowed aggregation fired early.
 
     The aggregation below emits a window's row in every batch that changes it
@@ -184,6 +235,10 @@ class FireOnceNode(PlanNode):
     until the watermark passes the window's end plus its allowed lateness.
     """
 
+    kind: ClassVar[str] = "fire"
+    child_output_mode: ClassVar[Literal["update"]] = "update"
+    """NOTE: the aggregation below emits every change (early firing)."""
+
     child: AggregateNode
     condition: pl.Expr
     corrections: bool = False
@@ -192,15 +247,20 @@ class FireOnceNode(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
-    def label(self) -> str:
+    def shard_keys(self) -> tuple[str, ...]:
+        return self.child.keys
+
+    def describe_node(self) -> str:
         more = ", with corrections" if self.corrections else ""
-        return f"FireOnce(when {self.condition}{more})  [stateful]"
+        return f"FireOnce(when {self.condition}{more})"
 
 
 @dataclass(frozen=True, eq=False)
-class TransformNode(PlanNode):
+class TransformNode(StatefulNode):
     """``group_by(*keys).transform_with_state(fn, ...)``: per-key state and timers,
     ``fn`` called once per batch; keeps state."""
+
+    kind: ClassVar[str] = "transform"
 
     child: PlanNode
     spec: TransformSpec
@@ -209,17 +269,22 @@ class TransformNode(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
-    def label(self) -> str:
+    def shard_keys(self) -> tuple[str, ...]:
+        return self.spec.keys
+
+    def describe_node(self) -> str:
         fn = getattr(self.spec.fn, "__qualname__", type(self.spec.fn).__name__)
         ttl = f", ttl={self.spec.ttl_ms}ms ({self.spec.ttl_time})" if self.spec.ttl_ms else ""
         return (f"TransformWithState[keys={list(self.spec.keys)}](fn={fn}, "
-                f"state={list(self.spec.state_schema)}{ttl})  [stateful]")
+                f"state={list(self.spec.state_schema)}{ttl})")
 
 
 @dataclass(frozen=True, eq=False)
-class DedupeNode(PlanNode):
+class DedupeNode(StatefulNode):
     """``drop_duplicates(subset, within=)`` or ``(subset, ttl=)``: first row per key;
     keeps state (bounded by the watermark, or by processing-time TTL)."""
+
+    kind: ClassVar[str] = "dedupe"
 
     child: PlanNode
     subset: tuple[str, ...]
@@ -231,18 +296,25 @@ class DedupeNode(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
-    def label(self) -> str:
+    def shard_keys(self) -> tuple[str, ...]:
+        return self.subset
+
+    def describe_node(self) -> str:
         if self.ttl_ms is not None:
-            return f"DropDuplicates(subset={list(self.subset)}, ttl={self.ttl_ms}ms)  [stateful]"
+            return f"DropDuplicates(subset={list(self.subset)}, ttl={self.ttl_ms}ms)"
         return (
             f"DropDuplicates(subset={list(self.subset)}, within={self.within_ms}ms, "
-            f"time={self.time_column})  [stateful]"
+            f"time={self.time_column})"
         )
 
 
 @dataclass(frozen=True, eq=False)
-class IntervalJoinNode(PlanNode):
-    """Stream-stream interval join of two inputs; keeps state on both sides."""
+class IntervalJoinNode(StatefulNode):
+    """Stream-stream interval join of two inputs (``join_interval``, and
+    ``join_window``: equal windows, a zero-width interval); keeps state on
+    both sides."""
+
+    kind: ClassVar[str] = "join"
 
     left: PlanNode
     right: PlanNode
@@ -252,33 +324,43 @@ class IntervalJoinNode(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.left, self.right)
 
-    def label(self) -> str:
+    def shard_keys(self) -> tuple[str, ...]:
+        return self.spec.on
+
+    def describe_node(self) -> str:
         s = self.spec
         return (
             f"IntervalJoin[{s.how}](on={list(s.on)}, {s.right_time} in [{s.left_time} "
-            f"{s.lower_ms:+d}ms, {s.left_time} {s.upper_ms:+d}ms])  [stateful]"
+            f"{s.lower_ms:+d}ms, {s.left_time} {s.upper_ms:+d}ms])"
         )
 
 
 @dataclass(frozen=True, eq=False)
-class WindowJoinNode(PlanNode):
-    """Two append-mode windowed aggregations joined per window (batch-local)."""
+class AggregateJoinNode(PlanNode):
+    """``agg_a.join(agg_b, on=[window_start, ...])``: two append-mode windowed
+    aggregations joined per window. Keeps no state: both inputs emit a window
+    in the same batch (batch-local), but a key's rows must meet in one place."""
 
     left: PlanNode
     right: PlanNode
-    spec: WindowJoinSpec
+    spec: AggregateJoinSpec
 
     @property
     def children(self) -> tuple[PlanNode, ...]:
         return (self.left, self.right)
 
+    def shard_keys(self) -> tuple[str, ...]:
+        return self.spec.on
+
     def label(self) -> str:
-        return f"WindowJoin[{self.spec.how}](on={list(self.spec.on)})"
+        return f"AggregateJoin[{self.spec.how}](on={list(self.spec.on)})"
 
 
 @dataclass(frozen=True, eq=False)
-class AsOfJoinNode(PlanNode):
+class AsOfJoinNode(StatefulNode):
     """Events enriched with a changelog stream's version as of their time; keeps state."""
+
+    kind: ClassVar[str] = "join"
 
     left: PlanNode
     right: PlanNode
@@ -288,17 +370,22 @@ class AsOfJoinNode(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.left, self.right)
 
-    def label(self) -> str:
+    def shard_keys(self) -> tuple[str, ...]:
+        return self.spec.on
+
+    def describe_node(self) -> str:
         s = self.spec
-        return (
-            f"AsOfJoin[{s.how}](on={list(s.on)}, {s.time} >= {s.dim_time}, latest version)"
-            "  [stateful]"
-        )
+        return f"AsOfJoin[{s.how}](on={list(s.on)}, {s.time} >= {s.dim_time}, latest version)"
 
 
 @dataclass(frozen=True, eq=False)
-class StaticJoinNode(PlanNode):
-    """The child's rows joined with a static table, re-read when it changes."""
+class StaticJoinNode(StatefulNode):
+    """The child's rows joined with a static table, re-read when it changes.
+
+    Row-local (no shard keys); its operator keeps the table version it read."""
+
+    kind: ClassVar[str] = "join"
+    keeps_hidden_columns: ClassVar[bool] = True
 
     child: PlanNode
     spec: StaticJoinSpec
@@ -307,13 +394,18 @@ class StaticJoinNode(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
-    def label(self) -> str:
+    def describe_node(self) -> str:
         desc = ", ".join(f"{k}={v}" for k, v in self.spec.table.describe().items())
         return f"StaticJoin[{self.spec.how}](on={list(self.spec.on)}, {desc})"
 
 
-JOIN_NODES = (IntervalJoinNode, WindowJoinNode, AsOfJoinNode, StaticJoinNode)
+JOIN_NODES = (IntervalJoinNode, AggregateJoinNode, AsOfJoinNode, StaticJoinNode)
 """Every join node type."""
+
+
+def stateful_nodes(plan: PlanNode) -> list[StatefulNode]:
+    """The plan's stateful nodes in plan order (``plan.walk()``)."""
+    return [node for node in plan.walk() if isinstance(node, StatefulNode)]
 
 
 def is_aggregated(plan: PlanNode) -> bool:

@@ -18,23 +18,18 @@ from microbatch.exceptions import IncompatibleCheckpointError, PlanError
 from microbatch.frames import collect
 from microbatch.operators.base import OperatorContext, StatefulOperator, check_operator_set
 from microbatch.operators.join_state import BinaryOperator
-from microbatch.operators.window_agg import WindowAggregate
+from microbatch.operators.registry import build_operator
 from microbatch.plan.nodes import (
     JOIN_NODES,
+    AggregateJoinNode,
     AggregateNode,
-    AsOfJoinNode,
-    DedupeNode,
-    FireOnceNode,
-    IntervalJoinNode,
     PlanNode,
     SourceNode,
+    StatefulNode,
     StaticJoinNode,
     StepNode,
-    TransformNode,
     WatermarkNode,
-    WindowJoinNode,
 )
-from microbatch.plan.windows import SessionWindowSpec
 from microbatch.sources.base import Source
 from sinks.base import OutputMode
 
@@ -49,28 +44,25 @@ def source_ids(plan: PlanNode) -> dict[int, str]:
     return {id(source): str(i) for i, source in enumerate(plan.sources())}
 
 
-def build_operator(
-    node: AggregateNode, operator_id: str, output_mode: OutputMode
-) -> StatefulOperator:
-    """The runtime operator for an aggregate spec."""
-    if isinstance(node.window, SessionWindowSpec):
-        from microbatch.operators.session import SessionAggregate
+def build_operators(plan: PlanNode, output_mode: OutputMode) -> dict[int, StatefulOperator]:
+    """The runtime operator of every stateful node (``id(node)`` -> operator).
 
-        return SessionAggregate(
-            operator_id=operator_id,
-            window=node.window,
-            keys=list(node.keys),
-            aggs=list(node.aggs),
-            output_mode=output_mode,
-        )
-    return WindowAggregate(
-        operator_id=operator_id,
-        window=node.window,
-        keys=list(node.keys),
-        aggs=list(node.aggs),
-        output_mode=output_mode,
-        ttl_ms=node.ttl_ms,
-    )
+    NOTE: ids are ``<node.kind>-<i>``, ``i`` counting the stateful nodes before
+    it in ``plan.walk()``: they name state directories in existing checkpoints.
+    A node runs in the output mode its stateful parent asks of it
+    (``child_output_mode``: an aggregation under ``fire_once`` emits every
+    change), else in the query's.
+    """
+    modes: dict[int, OutputMode] = {}
+    ops: dict[int, StatefulOperator] = {}
+    for node in plan.walk():
+        if not isinstance(node, StatefulNode):
+            continue
+        if node.child_output_mode is not None:
+            modes.update(dict.fromkeys(map(id, node.children), node.child_output_mode))
+        operator_id = f"{node.kind}-{len(ops)}"
+        ops[id(node)] = build_operator(node, operator_id, modes.get(id(node), output_mode))
+    return ops
 
 
 class BatchExecutor:
@@ -84,38 +76,13 @@ class BatchExecutor:
         self.plan = plan
         self._ids = source_ids(plan)
         self._wm_ids: dict[int, str] = {}
-        self._ops: dict[int, StatefulOperator] = {}
+        self._ops = build_operators(plan, output_mode)
         specs: dict[str, WatermarkSpec] = {}
-        # NOTE: an aggregation under fire_once emits every change (early firing)
-        early = {id(n.child) for n in plan.walk() if isinstance(n, FireOnceNode)}
         for node in plan.walk():
             if isinstance(node, WatermarkNode):
                 nid = f"wm-{len(specs)}"
                 self._wm_ids[id(node)] = nid
                 specs[nid] = node.spec
-            elif isinstance(node, AggregateNode):
-                op_id = f"agg-{len(self._ops)}"
-                mode: OutputMode = "update" if id(node) in early else output_mode
-                self._ops[id(node)] = build_operator(node, op_id, mode)
-            elif isinstance(node, FireOnceNode):
-                self._ops[id(node)] = build_fire_once(node, f"fire-{len(self._ops)}")
-            elif isinstance(node, TransformNode):
-                from microbatch.operators.transform import TransformWithState
-
-                self._ops[id(node)] = TransformWithState(
-                    operator_id=f"transform-{len(self._ops)}", spec=node.spec)
-            elif isinstance(node, DedupeNode):
-                from microbatch.operators.dedupe import Deduplicate
-
-                self._ops[id(node)] = Deduplicate(
-                    operator_id=f"dedupe-{len(self._ops)}",
-                    subset=list(node.subset),
-                    within_ms=node.within_ms,
-                    time_column=node.time_column,
-                    ttl_ms=node.ttl_ms,
-                )
-            elif isinstance(node, IntervalJoinNode | AsOfJoinNode | StaticJoinNode):
-                self._ops[id(node)] = build_join_operator(node, f"join-{len(self._ops)}")
         validate_joins(plan, output_mode)
         self.tracker = WatermarkTracker(specs)
         self.operators: list[StatefulOperator] = list(self._ops.values())
@@ -200,26 +167,27 @@ class BatchExecutor:
             df = collect(self._lazy(node.child, inputs, ctx))
             self.tracker.observe(self._wm_ids[id(node)], df, ctx.timestamp_ms)
             return df.lazy()
-        if isinstance(node, AggregateNode | DedupeNode | FireOnceNode | TransformNode):
-            df = self._input(node, 0, inputs, ctx)
-            df = df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
-            return self._ops[id(node)].process(df, ctx).lazy()
-        if isinstance(node, StaticJoinNode):
-            df = self._input(node, 0, inputs, ctx)
-            return self._ops[id(node)].process(df, ctx).lazy()
-        if isinstance(node, IntervalJoinNode | AsOfJoinNode | WindowJoinNode):
-            left, right = (self._visible(node, side, inputs, ctx) for side in (0, 1))
-            if isinstance(node, WindowJoinNode):
-                return window_join(left, right, node).lazy()
+        if isinstance(node, StatefulNode):
+            frames = [
+                self._input(node, side, inputs, ctx)
+                if node.keeps_hidden_columns
+                else self._visible(node, side, inputs, ctx)
+                for side in range(len(node.children))
+            ]
             op = self._ops[id(node)]
+            if len(frames) == 1:
+                return op.process(frames[0], ctx).lazy()
             assert isinstance(op, BinaryOperator)
-            return op.process_pair(left, right, ctx).lazy()
+            return op.process_pair(frames[0], frames[1], ctx).lazy()
+        if isinstance(node, AggregateJoinNode):
+            left, right = (self._visible(node, side, inputs, ctx) for side in (0, 1))
+            return aggregate_join(left, right, node).lazy()
         raise PlanError(f"the engine cannot run plan node {node.label()} yet")
 
     def _visible(
         self, node: PlanNode, side: int, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext
     ) -> pl.DataFrame:
-        """A join input's rows of this batch without the engine's hidden columns."""
+        """An input's rows of this batch without the engine's hidden columns."""
         df = self._input(node, side, inputs, ctx)
         return df.select(pl.exclude(HIDDEN)) if PARTITION_COLUMN in df.columns else df
 
@@ -261,38 +229,9 @@ def refuse_sharded(state_root: Path) -> None:
         )
 
 
-def build_fire_once(node: FireOnceNode, operator_id: str) -> StatefulOperator:
-    """The runtime operator of ``fire_once`` over its aggregation."""
-    from microbatch.operators.fire_once import FireOnce
-
-    window = node.child.window
-    return FireOnce(
-        operator_id=operator_id,
-        condition=node.condition,
-        keys=list(node.child.keys),
-        allowed_lateness_ms=getattr(window, "allowed_lateness_ms", 0),
-        corrections=node.corrections,
-    )
-
-
-def build_join_operator(
-    node: IntervalJoinNode | AsOfJoinNode | StaticJoinNode, operator_id: str
-) -> StatefulOperator:
-    """The runtime operator of a join node."""
-    if isinstance(node, IntervalJoinNode):
-        from microbatch.operators.interval_join import IntervalJoin
-
-        return IntervalJoin(operator_id=operator_id, spec=node.spec)
-    if isinstance(node, AsOfJoinNode):
-        from microbatch.operators.asof_join import AsOfJoin
-
-        return AsOfJoin(operator_id=operator_id, spec=node.spec)
-    from microbatch.operators.static_join import StaticJoin
-
-    return StaticJoin(operator_id=operator_id, spec=node.spec)
-
-
-def window_join(left: pl.DataFrame, right: pl.DataFrame, node: WindowJoinNode) -> pl.DataFrame:
+def aggregate_join(
+    left: pl.DataFrame, right: pl.DataFrame, node: AggregateJoinNode
+) -> pl.DataFrame:
     """Join two windowed aggregations' rows of this batch (no state needed).
 
     NOTE: both inputs are append-mode aggregations over the same window under
