@@ -14,6 +14,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("microbatch", "statestore", "sinks")
 
@@ -151,3 +153,48 @@ def test_the_rooms_of_microbatch_form_layers() -> None:
     assert "microbatch.api" not in rooms["microbatch.observability"]
     assert "microbatch.engine" not in rooms["microbatch.plan"]
     assert "microbatch.engine" not in rooms["microbatch.operators"]
+
+
+def _subclasses(cls: type) -> set[type]:
+    found = set()
+    for sub in cls.__subclasses__():
+        found |= {sub, *_subclasses(sub)}
+    return found
+
+
+def test_every_stateful_node_has_an_operator_and_runs_in_the_executor_matrix() -> None:
+    """A stateful plan node is one class: its operator module registers a builder
+    (:mod:`microbatch.operators.registry`), and the executor matrix runs a query
+    with it on one process and on Ray workers (``tests/distributed``)."""
+    import importlib.util
+    import sys
+
+    from microbatch.operators.registry import registered
+    from microbatch.plan.nodes import StatefulNode
+
+    kinds = {k for k in _subclasses(StatefulNode) if k.__module__.startswith("microbatch.")}
+    assert kinds, "no StatefulNode subclass found"
+    assert {k.__name__ for k in kinds - registered().keys()} == set()
+
+    sys.path.insert(0, str(ROOT / "tests" / "engine"))  # determinism_queries
+    try:
+        path = ROOT / "tests" / "distributed" / "test_executor_matrix.py"
+        spec = importlib.util.spec_from_file_location("executor_matrix_structure", path)
+        assert spec is not None
+        assert spec.loader is not None
+        matrix = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(matrix)
+        covered = {
+            type(node) for stream in matrix.matrix_streams() for node in stream.plan.walk()
+        }
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "engine"))
+    assert {k.__name__ for k in kinds - covered} == set()
+
+
+def test_a_node_class_has_one_builder() -> None:
+    from microbatch.operators.registry import builds
+    from microbatch.plan.nodes import AggregateNode
+
+    with pytest.raises(TypeError, match="already has an operator builder"):
+        builds(AggregateNode)(lambda node, operator_id, mode: None)  # type: ignore[arg-type,return-value]

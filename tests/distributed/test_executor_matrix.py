@@ -91,18 +91,46 @@ def _fire_once() -> mb.Stream:
     )
 
 
-@pytest.mark.parametrize(
-    ("build", "layout"),
-    [
-        (_running_total, "hash"),
-        (_stateless, None),
-        (_dedupe_then_window, "single"),
-        (_global_window, "single"),
-        (_fire_once, "hash"),
-    ],
-    ids=["transform_with_state", "stateless", "dedupe_then_window", "global_window",
-         "fire_once"],
-)
+def _asof_join() -> mb.Stream:
+    # each card's "tier" changes over time: a changelog stream of versions
+    tiers = queries.payments(9, zipf=0.5).select(
+        "card_id", (pl.col("amount") > 50).alias("gold"), pl.col("event_time").alias("valid_from"))
+    return (
+        queries.payments().with_watermark("event_time", "5s")
+        .join_asof_table(tiers.with_watermark("valid_from", "5s"), on="card_id",
+                         time="event_time", dim_time="valid_from")
+    )
+
+
+def _static_join() -> mb.Stream:
+    cards = pl.DataFrame({"card_id": range(300), "limit": [float(100 + 7 * i) for i in range(300)]},
+                         schema_overrides={"card_id": pl.Int64})
+    return (
+        queries.payments().join_static(cards, on="card_id")
+        .with_columns((pl.col("amount") / pl.col("limit")).alias("used"))
+    )
+
+
+MORE_QUERIES = {
+    "transform_with_state": (_running_total, "hash"),
+    "stateless": (_stateless, None),
+    "dedupe_then_window": (_dedupe_then_window, "single"),
+    "global_window": (_global_window, "single"),
+    "fire_once": (_fire_once, "hash"),
+    "asof_join": (_asof_join, "hash"),
+    "static_join": (_static_join, "spread"),
+}
+"""More query kinds: (build, expected shard layout). With :data:`queries.QUERIES`,
+every kind of stateful plan node (``tests/test_structure.py`` checks it)."""
+
+
+def matrix_streams() -> list[mb.Stream]:
+    """Every stream the matrix runs on both executors."""
+    return [build() for build in queries.QUERIES.values()] + [
+        build() for build, _ in MORE_QUERIES.values()]
+
+
+@pytest.mark.parametrize(("build", "layout"), MORE_QUERIES.values(), ids=MORE_QUERIES.keys())
 def test_more_query_kinds_match(ray_cluster: str, build, layout: str | None) -> None:
     stream = build()
     if layout is not None:
