@@ -228,13 +228,21 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]],
     return ["| " + " | ".join(header) + " |", rule, *(markdown_row(row) for row in rows)]
 
 
+def _numeric(value: object) -> bool:
+    """A number, or a number already formatted (``1,234.5``)."""
+    if isinstance(value, int | float):
+        return True
+    return isinstance(value, str) and value.replace(",", "").replace(".", "", 1).lstrip(
+        "-").isdigit()
+
+
 def dict_table(rows: Sequence[dict[str, object]]) -> list[str]:
     """:func:`markdown_table` of records sharing their keys (the first one's, in order),
-    numbers right-aligned."""
+    numbers (formatted or not) right-aligned."""
     if not rows:
         return []
     cols = list(rows[0])
-    align = "".join("r" if isinstance(rows[0][c], int | float) else "l" for c in cols)
+    align = "".join("r" if _numeric(rows[0][c]) else "l" for c in cols)
     return markdown_table(cols, [[r.get(c, "") for c in cols] for r in rows], align)
 
 
