@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import registry, report
-from benchmarks.base import Config
+from benchmarks.harness import Config
 from benchmarks.measure import machine_info
 from benchmarks.runner import run_workload
 

@@ -20,14 +20,14 @@ Run: ``.venv/bin/python benchmarks/bench_delta.py [--batches 1000] [--quick]``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from benchmarks.harness import dict_table, median, rate, repeat, timed
 from sinks.base import SinkContext
 from sinks.delta import DeltaSink
 
@@ -58,14 +58,14 @@ def _data_files(path: Path) -> int:
     return sum(1 for p in path.rglob("*.parquet") if "_delta_log" not in p.parts)
 
 
-def read_ms(path: Path, repeat: int = 5) -> tuple[float, int]:
-    times = []
+def read_ms(path: Path, reps: int = 5) -> tuple[float, int]:
     height = 0
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+
+    def read() -> None:
+        nonlocal height
         height = pl.read_delta(str(path)).height
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times), height
+
+    return median(repeat(read, reps)) * 1000, height
 
 
 def small_files(root: Path, batches: int, optimize_every: int | None) -> dict[str, object]:
@@ -73,10 +73,7 @@ def small_files(root: Path, batches: int, optimize_every: int | None) -> dict[st
 
     path = root / f"small-{optimize_every}"
     sink = opened(path, optimize_every=optimize_every)
-    t0 = time.perf_counter()
-    for i in range(batches):
-        sink.add_batch(i, batch(i, 100))
-    write_s = time.perf_counter() - t0
+    write_s = timed(lambda: [sink.add_batch(i, batch(i, 100)) for i in range(batches)])
     table = DeltaTable(str(path))
     active = len(table.file_uris())
     on_disk = _data_files(path)
@@ -103,30 +100,21 @@ def latency(root: Path, rows: int, batches: int, mode: str) -> dict[str, object]
     if mode == "update":  # the key space is the same every batch: each MERGE updates every row
         frames = [f.unique("card_id", keep="last") for f in frames]
     sink.add_batch(0, frames[0])  # creates the table; not timed
-    times = []
-    for i in range(1, batches + 1):
-        t0 = time.perf_counter()
-        sink.add_batch(i, frames[i])
-        times.append((time.perf_counter() - t0) * 1000)
-    times.sort()
+    times = sorted(timed(partial(sink.add_batch, i, frames[i])) * 1000
+                   for i in range(1, batches + 1))
     return {
         "mode": mode,
         "rows/batch": f"{rows:,}",
         "batches": batches,
-        "median ms": round(statistics.median(times), 1),
+        "median ms": round(median(times), 1),
         "p95 ms": round(times[min(len(times) - 1, int(len(times) * 0.95))], 1),
-        "rows/s": f"{rows / (statistics.median(times) / 1000):,.0f}",
+        "rows/s": f"{rate(rows, median(times) / 1000):,.0f}",
     }
 
 
 def table(rows: list[dict[str, object]]) -> str:
-    cols = list(rows[0])
-    widths = [max(len(str(c)), *(len(str(r[c])) for r in rows)) for c in cols]
-    line = " | ".join(str(c).rjust(w) for c, w in zip(cols, widths, strict=True))
-    out = [line, "-+-".join("-" * w for w in widths)]
-    out += [" | ".join(str(r[c]).rjust(w) for c, w in zip(cols, widths, strict=True))
-            for r in rows]
-    return "\n".join(out)
+    """The rows as a Markdown table (:func:`benchmarks.harness.dict_table`)."""
+    return "\n".join(dict_table(rows))
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +27,7 @@ import numpy as np
 import polars as pl
 
 import microbatch as mb
+from benchmarks.harness import markdown_table, ratio, timed_value
 from sinks.base import BatchContext, Sink
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -62,12 +62,14 @@ def events(n: int, *, users: int, span_ms: int, seed: int, disorder_ms: int) -> 
 
 
 def run_query(stream: mb.Stream, sink: CountSink) -> tuple[float, list[dict[str, Any]]]:
-    t0 = time.perf_counter()
-    query = stream.write_to(sink).start(
-        checkpoint=tempfile.mkdtemp(prefix="bench-joins-"), trigger="available-now"
-    )
-    query.await_termination()
-    elapsed = time.perf_counter() - t0
+    def run() -> mb.StreamingQuery:
+        query = stream.write_to(sink).start(
+            checkpoint=tempfile.mkdtemp(prefix="bench-joins-"), trigger="available-now"
+        )
+        query.await_termination()
+        return query
+
+    elapsed, query = timed_value(run)
     return elapsed, list(query.recent_progress)
 
 
@@ -94,19 +96,15 @@ def bench_interval(n: int, batch: int, users: int) -> dict[str, Any]:
     span_ms = 4 * 3_600_000  # 4 hours of event time
     clicks = events(n, users=users, span_ms=span_ms, seed=1, disorder_ms=30_000)
     pays = events(n, users=users, span_ms=span_ms, seed=2, disorder_ms=30_000)
-    t0 = time.perf_counter()
-    oracle = (
+    polars_s, oracle = timed_value(lambda: (
         clicks.join(pays, on="user", suffix="_pay")
         .filter(
             (pl.col("ts_pay") >= pl.col("ts"))
             & (pl.col("ts_pay") <= pl.col("ts") + pl.duration(minutes=10))
         )
         .height
-    )
-    polars_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    bucketed = one_shot_bucketed(clicks, pays)
-    bucketed_s = time.perf_counter() - t0
+    ))
+    bucketed_s, bucketed = timed_value(lambda: one_shot_bucketed(clicks, pays))
     assert bucketed == oracle, (bucketed, oracle)
     left = mb.read_memory(clicks, max_records_per_batch=batch).with_watermark("ts", "1m")
     right = mb.read_memory(pays, max_records_per_batch=batch).with_watermark("ts", "1m")
@@ -154,15 +152,13 @@ def bench_temporal(n: int, batch: int, products: int, updates: int) -> dict[str,
         ).dt.cast_time_unit("ms"),
         price=(pl.col("u") * 37 % 10_000) / 100,
     )
-    t0 = time.perf_counter()
-    oracle = orders.sort("ts").join_asof(
+    polars_s, oracle = timed_value(lambda: orders.sort("ts").join_asof(
         prices.sort("valid_from"),
         left_on="ts",
         right_on="valid_from",
         by="product",
         check_sortedness=False,
-    )
-    polars_s = time.perf_counter() - t0
+    ))
     per_batch = max(1, updates * batch // n)
     left = mb.read_memory(orders, max_records_per_batch=batch).with_watermark("ts", "30s")
     right = mb.read_memory(prices, max_records_per_batch=per_batch).with_watermark(
@@ -191,6 +187,16 @@ def bench_temporal(n: int, batch: int, products: int, updates: int) -> dict[str,
     }
 
 
+def _table(r: dict[str, Any], runs: list[tuple[str, float, float, str]]) -> list[str]:
+    """Seconds, events/s and the ratio to the (first) one-shot Polars rate, per run."""
+    return markdown_table(
+        ("run", "s", "events/s", "vs one-shot", "note"),
+        [(name, f"{secs:.2f}", f"{eps:,.0f}",
+          f"{ratio(eps, r['polars_events_per_s']):.2f}", note)
+         for name, secs, eps, note in runs],
+        align="lrrrl")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000, help="rows per input")
@@ -206,15 +212,12 @@ def main() -> None:
             f"interval join, {r['n']:,} clicks x {r['n']:,} payments, "
             f"batches of {args.batch:,} per input ({r['batches']} batches)"
         )
-        print(f"  streaming  {r['stream_s']:8.2f} s  {r['events_per_s']:>12,.0f} events/s")
-        print(
-            f"  polars     {r['polars_s']:8.2f} s  {r['polars_events_per_s']:>12,.0f} events/s"
-            f"  (one-shot join on user + filter)"
-        )
-        print(
-            f"  polars     {r['bucketed_s']:8.2f} s  {r['bucketed_events_per_s']:>12,.0f} "
-            f"events/s  (one-shot join on user and 10-minute bucket + filter)"
-        )
+        print("\n".join(_table(r, [
+            ("streaming", r["stream_s"], r["events_per_s"], ""),
+            ("one-shot Polars", r["polars_s"], r["polars_events_per_s"], "join on user + filter"),
+            ("one-shot Polars", r["bucketed_s"], r["bucketed_events_per_s"],
+             "join on user and 10-minute bucket + filter"),
+        ])))
         print(f"  output rows {r['output_rows']:,} (equal to one-shot)")
         print(
             f"  state rows at steady state: left median {r['left_rows_median']:,.0f} "
@@ -228,14 +231,11 @@ def main() -> None:
             f"temporal join, {r['n']:,} orders against {r['updates']:,} price versions "
             f"({r['batches']} batches)"
         )
-        print(
-            f"  streaming  {r['stream_s']:8.2f} s  {r['events_per_s']:>12,.0f} events/s "
-            f"({r['emitted']:,} emitted: the one-shot rows the final watermark reached)"
-        )
-        print(
-            f"  polars     {r['polars_s']:8.2f} s  {r['polars_events_per_s']:>12,.0f} events/s"
-            f"  (one-shot join_asof)"
-        )
+        print("\n".join(_table(r, [
+            ("streaming", r["stream_s"], r["events_per_s"],
+             f"{r['emitted']:,} emitted: the one-shot rows the final watermark reached"),
+            ("one-shot Polars", r["polars_s"], r["polars_events_per_s"], "join_asof"),
+        ])))
         print(
             f"  state at steady state: waiting events max {r['waiting_max']:,}, "
             f"versions max {r['versions_max']:,}"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import microbatch as mb  # noqa: E402
+from benchmarks.harness import markdown_table, median  # noqa: E402
 from microbatch.sources.base import SourceContext  # noqa: E402
 from microbatch.sources.generator import GeneratorSource  # noqa: E402
 from microbatch.sources.kafka import CONSUMER_DEFAULTS, KafkaSource  # noqa: E402
@@ -155,6 +155,7 @@ def query(bootstrap: str, topic: str, records: int, batch: int) -> float:
 
 
 def measure(repeat: int, fn: Callable[[], float]) -> list[float]:
+    """``fn``'s own seconds (it times the part that matters), ``repeat`` times."""
     return [fn() for _ in range(repeat)]
 
 
@@ -197,14 +198,13 @@ def main() -> int:
             args.repeat, lambda: query(bootstrap, topic, n, args.batch))))
         decode = measure(args.repeat, lambda: decode_only(values))
         base = min(results[0][1])
-        head = f"{'best s':>8} {'median s':>9} {'rec/s (best)':>14} {'vs raw':>7}"
-        print(f"{'measurement':44} {head}")
-        for name, times in results:
-            best = min(times)
-            print(f"{name:44} {best:8.2f} {statistics.median(times):9.2f} "
-                  f"{n / best:14,.0f} {best / base:6.2f}x")
+        print("\n".join(markdown_table(
+            ("measurement", "best s", "median s", "rec/s (best)", "vs raw"),
+            [(name, f"{min(times):.2f}", f"{median(times):.2f}", f"{n / min(times):,.0f}",
+              f"{min(times) / base:.2f}x") for name, times in results],
+            align="lrrrr")))
         print(f"\ndecode only (JSON -> 5 typed columns, incl. ISO datetimes): "
-              f"{min(decode):.2f} s per million records (median {statistics.median(decode):.2f})")
+              f"{min(decode):.2f} s per million records (median {median(decode):.2f})")
     finally:
         if broker_dir is not None:
             subprocess.run(["bash", str(ROOT / "scripts" / "kafka"), "stop", broker_dir],

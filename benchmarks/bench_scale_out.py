@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ import numpy as np
 import polars as pl
 
 import microbatch as mb
+from benchmarks.harness import markdown_row, markdown_table, median, rate, ratio, repeat
 from microbatch.frames import collect
 
 CARDS = 10_000
@@ -93,17 +93,8 @@ def one_shot_rows_per_s(frames: list[pl.DataFrame]) -> float:
     data = pl.concat(frames)
     lf = data.lazy().group_by(pl.col("event_time").dt.truncate("10s"), "card_id").agg(
         pl.len().alias("n"), pl.col("amount").sum().alias("total"))
-    collect(lf)
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        collect(lf)
-        times.append(time.perf_counter() - t)
-    return data.height / min(times)
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+    times = repeat(lambda: collect(lf), 3, warmup=1)
+    return rate(data.height, min(times))
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -132,6 +123,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+HEADER = ("rows/batch", "executor", "ms/batch", "rows/s", "vs local", "vs one-shot", "execute",
+          "state commit", "Ray overhead", "map / reduce / commit (wall)", "workers busy",
+          "exchanged")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -147,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, Polars {pl.__version__}, "
           f"Ray {ray.__version__}; medians of {args.reps} batches after {args.warm} warm")
     print()
-    print("| rows/batch | executor | ms/batch | rows/s | vs local | vs one-shot | execute | "
-          "state commit | Ray overhead | map / reduce / commit (wall) | workers busy | "
-          "exchanged |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+    print("\n".join(markdown_table(HEADER, [], align="rlrrrrrrrlrr")))
     model: dict[str, dict[str, float]] = {}
     for size in map(int, args.sizes.split(",")):
         count = args.warm + args.reps
@@ -161,16 +154,17 @@ def main(argv: list[str] | None = None) -> int:
             s = summarize(run(executor, frames, args.warm))
             if executor == "local":
                 local_ms = s["ms"]
-            rate = size / (s["ms"] / 1000)
+            rows_per_s = rate(size, s["ms"] / 1000)
             over = "" if local_ms is None or executor == "local" else f"{s['ms'] - local_ms:+.1f}"
             phases = (f"{s['map']:.1f} / {s['reduce']:.1f} / {s['wcommit']:.1f}"
                       if "map" in s else "")
             busy = f"{s['busy']:.1f}" if "busy" in s else ""
             moved = f"{s['exchanged_mb']:.1f} MB" if "exchanged_mb" in s else ""
-            print(f"| {size:,} | {executor} | {s['ms']:.1f} | {rate:,.0f} | "
-                  f"{(local_ms or s['ms']) / s['ms']:.2f} | {rate / limit:.3f} | "
-                  f"{s['execute']:.1f} | {s['commit']:.1f} | {over} | {phases} | {busy} | "
-                  f"{moved} |", flush=True)
+            print(markdown_row((
+                f"{size:,}", executor, f"{s['ms']:.1f}", f"{rows_per_s:,.0f}",
+                f"{(local_ms or s['ms']) / s['ms']:.2f}", f"{ratio(rows_per_s, limit):.3f}",
+                f"{s['execute']:.1f}", f"{s['commit']:.1f}", over, phases, busy, moved)),
+                flush=True)
             model[f"{size}:{executor}"] = s
     print()
     print_model(model, [int(x) for x in args.sizes.split(",")])
@@ -191,15 +185,10 @@ def fan_out_ms_per_worker() -> float:
     actors = [Echo.remote() for _ in range(4)]
     ray.get([a.ping.remote() for a in actors])
 
-    def timed(n: int) -> float:
-        samples = []
-        for _ in range(200):
-            t = time.perf_counter()
-            ray.get([a.ping.remote() for a in actors[:n]])
-            samples.append((time.perf_counter() - t) * 1000)
-        return statistics.median(samples)
+    def round_trip_ms(n: int) -> float:
+        return median(repeat(lambda: ray.get([a.ping.remote() for a in actors[:n]]), 200)) * 1000
 
-    one, four = timed(1), timed(4)
+    one, four = round_trip_ms(1), round_trip_ms(4)
     for actor in actors:
         ray.kill(actor)
     return max((four - one) / 3, 0.0)
@@ -217,9 +206,7 @@ def print_model(model: dict[str, dict[str, float]], sizes: list[int]) -> None:
     print(f"T(W) = driver + barrier(1) + {PHASES}·c·(W-1) + work / W, with c = {c:.2f} ms "
           "(one more worker in one round trip, measured here)")
     print()
-    print("| rows/batch | driver (serial) | barrier(1) | work (1 worker) | "
-          "4 cores | 16 cores | 64 cores | limit at 64 |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    rows = []
     for size in sizes:
         one = model.get(f"{size}:ray-1")
         if one is None:
@@ -236,8 +223,11 @@ def print_model(model: dict[str, dict[str, float]], sizes: list[int]) -> None:
             cells.append(f"{size / (t / 1000):,.0f} rows/s ({t:.0f} ms)")
         at64 = {"driver": driver, "barrier": barrier1 + PHASES * c * 63, "work": work / 64}
         limit = max(at64, key=lambda k: at64[k])
-        print(f"| {size:,} | {driver:.1f} ms | {barrier1:.1f} ms | {work:.1f} ms | "
-              f"{' | '.join(cells)} | {limit} |")
+        rows.append((f"{size:,}", f"{driver:.1f} ms", f"{barrier1:.1f} ms", f"{work:.1f} ms",
+                     *cells, limit))
+    print("\n".join(markdown_table(
+        ("rows/batch", "driver (serial)", "barrier(1)", "work (1 worker)", "4 cores",
+         "16 cores", "64 cores", "limit at 64"), rows, align="rrrrrrrl")))
 
 
 if __name__ == "__main__":

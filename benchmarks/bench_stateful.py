@@ -21,16 +21,15 @@ Run: ``.venv/bin/python -m benchmarks.bench_stateful [--sizes 10000,10000000]``
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 import microbatch as mb
+from benchmarks.harness import dict_table, median, rate, repeat
 from microbatch.frames import collect
 
 BATCH = 100_000
@@ -92,15 +91,15 @@ def run(kind: str, size: int, reps: int, directory: Path) -> dict[str, object]:
         query.stop()
     last = states[-1]
     op = next(iter(last["state"].values()))
-    median = statistics.median(totals)
+    median_ms = median(totals)
     return {
         "operator": kind,
         "live keys": last["state_rows"],
         "keys/batch": TOUCHED,
         "load batches": loaded,
-        "median ms/batch": median,
+        "median ms/batch": median_ms,
         "max ms/batch": max(totals),
-        "rows/s": BATCH / (median / 1000),
+        "rows/s": rate(BATCH, median_ms / 1000),
         "bytes/key": op["bytes"] / max(last["state_rows"], 1),
     }
 
@@ -110,12 +109,8 @@ def one_shot(reps: int) -> float:
     rng = np.random.default_rng(0)
     df = pl.DataFrame({"k": rng.integers(0, 10_000_000, BATCH * reps, dtype=np.int64),
                        "v": np.ones(BATCH * reps, dtype=np.int64)})
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        collect(df.lazy().group_by("k").agg(pl.len()))
-        best = min(best, time.perf_counter() - t0)
-    return df.height / best
+    best = min(repeat(lambda: collect(df.lazy().group_by("k").agg(pl.len())), 3))
+    return rate(df.height, best)
 
 
 def main() -> None:
@@ -139,10 +134,8 @@ def main() -> None:
                            (pl.col("median ms/batch") / pl.col("agg ms")).alias("x group_by"),
                            (pl.col("rows/s") / limit).alias("x one-shot polars"))
              .drop("base", "agg ms"))
-    with pl.Config(tbl_rows=20, tbl_cols=20, float_precision=2, tbl_width_chars=250,
-                   tbl_formatting="MARKDOWN", tbl_hide_dataframe_shape=True,
-                   tbl_hide_column_data_types=True):
-        print(table)
+    print("\n".join(dict_table([{k: f"{v:,.2f}" if isinstance(v, float) else v
+                                  for k, v in row.items()} for row in table.to_dicts()])))
     print(f"one-shot polars group_by: {limit:,.0f} rows/s ({args.reps} x {BATCH:,} rows)")
 
 

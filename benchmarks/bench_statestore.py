@@ -21,7 +21,6 @@ Run: ``.venv/bin/python benchmarks/bench_statestore.py [--sizes 10000,1000000,10
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from benchmarks.harness import dict_table, median
 from statestore import StateStoreProvider
 
 KEYS = {"window_start": pl.Datetime("ms", "UTC"), "card_id": pl.Int64}
@@ -108,15 +108,15 @@ def bench(size: int, reps: int, directory: Path) -> dict[str, object]:
         store.commit()
     return {
         "live keys": size,
-        "live at batch": int(statistics.median(live_before)),
-        "lookup+upsert ms": statistics.median(upsert_ms),
+        "live at batch": int(median(live_before)),
+        "lookup+upsert ms": median(upsert_ms),
         "max ms": max(upsert_ms),
-        "delete 50k ms": statistics.median(delete_ms),
-        "commit ms": statistics.median(commit_ms),
+        "delete 50k ms": median(delete_ms),
+        "commit ms": median(commit_ms),
         "commit max": max(commit_ms),
-        "polars rewrite ms": statistics.median(naive_ms),
-        "pop_expired ms": statistics.median(pop_ms),
-        "popped rows": int(statistics.median(popped)),
+        "polars rewrite ms": median(naive_ms),
+        "pop_expired ms": median(pop_ms),
+        "popped rows": int(median(popped)),
         "bytes/row": metrics["bytes_per_row"],
         "probes/key": metrics["index_probes"] / (2 * BATCH),
     }
@@ -132,8 +132,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             rows.append(bench(size, args.reps, Path(tmp)))
         print(f"done {size:,} keys", file=sys.stderr, flush=True)
-    with pl.Config(tbl_rows=20, tbl_cols=20, float_precision=1, tbl_width_chars=200):
-        print(pl.DataFrame(rows))
+    print("\n".join(dict_table([{k: f"{v:,.1f}" if isinstance(v, float) else v
+                                  for k, v in row.items()} for row in rows])))
     base = rows[0]["lookup+upsert ms"]
     for row in rows:
         ratio = row["lookup+upsert ms"] / base

@@ -50,7 +50,6 @@ fresh clone in a separate venv (``benchmarks/.venv-peers``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -58,10 +57,8 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
-import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -73,7 +70,6 @@ from benchmarks import data
 from benchmarks.compare_engines import (
     ALL_ENGINES,
     ENGINES,
-    PHASES,
     SPARK_CONF,
     SPARK_DEFAULT_PARTITIONS,
     SPARK_DEFAULT_SHUFFLE_PARTITIONS,
@@ -82,6 +78,7 @@ from benchmarks.compare_engines import (
     base_engine,
 )
 from benchmarks.compare_summary import HEADLINE, measurement
+from benchmarks.harness import PHASES, fmt_num, markdown_table, median, ratio, run_process
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "compare"
@@ -110,69 +107,6 @@ LABELS = {
     "bytewax": ("Bytewax", "list → parquet"),
     "quix": ("Quix Streams (Kafka)", "list → parquet"),
 }
-
-
-# --------------------------------------------------------------------------- memory
-
-
-def _tree_rss_bytes(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants (psutil, else /proc)."""
-    try:
-        import psutil
-
-        try:
-            proc = psutil.Process(pid)
-            procs = [proc, *proc.children(recursive=True)]
-        except psutil.Error:
-            return 0
-        total = 0
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                total += p.memory_info().rss
-        return total
-    except ImportError:
-        pass
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo += children.get(p, [])
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
-
-
-class TreeSampler:
-    """Samples the process tree's RSS in a thread; ``peak_mb`` after ``stop``."""
-
-    def __init__(self, pid: int, interval: float = 0.05) -> None:
-        self.pid, self.interval, self.peak = pid, interval, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _tree_rss_bytes(self.pid))
-            self._stop.wait(self.interval)
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return self.peak / 2**20
 
 
 # --------------------------------------------------------------------------- peers
@@ -400,7 +334,7 @@ class Cell:
     def rate(self, phase: str = HEADLINE) -> float:
         """Median events/s of the ``phase`` runs (NaN when none)."""
         found = self.rates(phase)
-        return statistics.median(found) if found else math.nan
+        return median(found)
 
     def first(self, phase: str = HEADLINE) -> dict[str, Any] | None:
         """The first repetition's ``phase`` run (checks and profiles use it)."""
@@ -417,42 +351,30 @@ class Cell:
 
 def run_one(engine: str, spec: Spec, quick: bool, rep: int, *, timeout_s: float,
             topic: str | None, bootstrap: str | None) -> dict[str, Any]:
-    """One worker process, its cold and warm runs (``timeout_s`` each), its tree's RSS
-    sampled. Raises when not even the cold run finished; a warm run that did not
-    leaves the cold one and ``warm_error``."""
+    """One worker process (:func:`benchmarks.harness.run_process`), its cold and warm
+    runs (``timeout_s`` each), its tree's RSS sampled. Raises when not even the cold
+    run finished; a warm run that did not leaves the cold one and ``warm_error``."""
     workdir = SCRATCH / spec.name / f"{engine}-r{rep}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    result_file = workdir / "result.json"
-    log = (workdir / "stderr.log").open("w")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(worker_command(engine, spec, quick, workdir, result_file,
-                                           topic=topic, bootstrap=bootstrap),
-                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    sampler = TreeSampler(proc.pid)
     limit = timeout_s * len(PHASES)
-    failure = None
-    try:
-        code = proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)
-        code = proc.wait()
+    run = run_process(worker_command(engine, spec, quick, workdir, workdir / "result.json",
+                                     topic=topic, bootstrap=bootstrap),
+                      result_file=workdir / "result.json", log=workdir / "stderr.log",
+                      timeout_s=limit, cwd=ROOT, sample_tree_rss=True)
+    failure = run.failure
+    if failure is not None and failure.startswith("timed out"):
         rows = spec.dataset(quick).rows
         failure = (f"timed out after {limit:.0f} s for the cold and warm runs "
                    f"(< {rows / limit:,.0f} events/s on {rows:,} events)")
-    finally:
-        log.close()
-    peak = sampler.stop()
-    if failure is None and code != 0:
-        failure = f"exit code {code}: {_log_tail(workdir / 'stderr.log')}"
-    measured = json.loads(result_file.read_text()) if result_file.exists() else {}
+    measured = run.result or {}
     if "cold" not in measured:
-        raise RuntimeError(failure or f"no result written (log: {workdir / 'stderr.log'})")
+        raise RuntimeError(failure or f"no result written (log: {run.log})")
     result: dict[str, Any] = {
         phase: {**m, "output_file": str(workdir / phase / "result.parquet")}
         for phase, m in measured.items()}
-    result["peak_tree_rss_mb"] = peak
-    result["process_s"] = time.perf_counter() - t0
+    result["peak_tree_rss_mb"] = run.peak_tree_rss_mb
+    result["process_s"] = run.seconds
     result["load_avg_1m"] = os.getloadavg()[0]
     if "warm" not in measured:
         result["warm_error"] = failure or "no warm result written"
@@ -471,30 +393,6 @@ def worker_command(engine: str, spec: Spec, quick: bool, workdir: Path, result_f
     if spec.data_dir is not None:
         cmd += ["--data", str(spec.data_dir)]
     return cmd
-
-
-def _log_tail(path: Path) -> str:
-    """The last meaningful line of a worker's log, and where the log is."""
-    text = path.read_text(errors="replace")
-    lines = [ln for ln in text.strip().splitlines() if ln.strip() and "WARN" not in ln]
-    return f"{lines[-1][:300] if lines else 'no output'} (log: {path})"
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``'s descendants, then ``pid`` (only processes this runner started)."""
-    import signal
-
-    try:
-        import psutil
-
-        procs = psutil.Process(pid).children(recursive=True)
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                p.send_signal(signal.SIGKILL)
-    except Exception:
-        pass
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------- checks
@@ -616,8 +514,7 @@ AT_A_GLANCE = (
 
 
 def fmt_rate(x: float) -> str:
-    from benchmarks.measure import fmt_num
-
+    """Events/s as ``1.23M``."""
     return fmt_num(x)
 
 
@@ -769,44 +666,44 @@ def _rate_text(cell: Cell, phase: str) -> str:
     if not rates:
         return "-"
     spread = f" ({fmt_rate(min(rates))}-{fmt_rate(max(rates))})" if len(rates) > 1 else ""
-    return fmt_rate(statistics.median(rates)) + spread
+    return fmt_rate(median(rates)) + spread
+
+
+ENGINE_TABLE = ("workload", "rows/batch", "engine", "sink", "events/s cold", "events/s warm",
+                "vs microbatch", "vs one-shot", "peak RSS (tree)", "output check", "notes")
 
 
 def _engine_table(specs: list[Spec], table: dict[str, dict[str, Cell]], quick: bool,
                   engines: list[str]) -> list[str]:
     """Every engine and sink on every workload, cold and warm."""
-    lines = ["| workload | rows/batch | engine | sink | events/s cold | events/s warm "
-             "| vs microbatch | vs one-shot | peak RSS (tree) | output check | notes |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---|---|"]
-    for spec in specs:
-        lines += _engine_rows(spec, table[spec.name], quick, engines)
-    return lines
+    rows = [row for spec in specs for row in _engine_rows(spec, table[spec.name], quick,
+                                                           engines)]
+    return markdown_table(ENGINE_TABLE, rows, align="lrllrrrrrll")
 
 
 def _engine_rows(spec: Spec, cells: dict[str, Cell], quick: bool,
-                 engines: list[str]) -> list[str]:
+                 engines: list[str]) -> list[tuple[str, ...]]:
     limit = cells.get("polars-oneshot")
     limit_rate = limit.rate() if limit else math.nan
     rpb = f"{spec.rows_per_batch(quick):,}"
-    lines = []
+    rows = []
     for engine in engines:
         cell = cells.get(engine)
         if cell is None:
             continue
         name, sink = LABELS[engine]
         if cell.skipped:
-            lines.append(f"| {spec.name} | {rpb} | {name} | {sink} | skipped | | | | | "
-                         f"{_esc(cell.skipped)} | |")
+            rows.append((spec.name, rpb, name, sink, "skipped", "", "", "", "",
+                         _esc(cell.skipped), ""))
             continue
         base = cells.get("microbatch-noop" if sink == "noop" else "microbatch")
-        base_rate = base.rate() if base else math.nan
         per = "per record" if engine in ("bytewax", "quix") and spec.query != "q4" else rpb
-        lines.append(
-            f"| {spec.name} | {per} | {name} | {sink} | {_rate_text(cell, 'cold')} | "
-            f"{_rate_text(cell, 'warm')} | {_ratio(cell.rate() / base_rate)} | "
-            f"{_ratio(cell.rate() / limit_rate)} | {cell.peak_mb:,.0f} MiB | "
-            f"{_esc(cell.check)} | {_esc(_cell_note(cell))} |")
-    return lines
+        rows.append((
+            spec.name, per, name, sink, _rate_text(cell, "cold"), _rate_text(cell, "warm"),
+            _ratio(ratio(cell.rate(), base.rate() if base else None)),
+            _ratio(ratio(cell.rate(), limit_rate)), f"{cell.peak_mb:,.0f} MiB",
+            _esc(cell.check), _esc(_cell_note(cell))))
+    return rows
 
 
 def _load_note(table: dict[str, dict[str, Cell]], info: dict[str, Any]) -> list[str]:
@@ -885,12 +782,13 @@ def spark_profile(title: str, run: dict[str, Any]) -> list[str]:
     """Spark's per-batch ``durationMs`` (median over batches)."""
     progress = run["progress"]
     keys = sorted({k for p in progress for k in p["duration_ms"]})
-    lines = [f"### {title}: per-batch durationMs ({len(progress)} batches, wall "
-             f"{run['wall_s']:.2f} s)", "", "| step | total ms | median ms/batch |",
-             "|---|---:|---:|"]
+    rows = []
     for key in keys:
         values = [float(p["duration_ms"].get(key, 0)) for p in progress]
-        lines.append(f"| {key} | {sum(values):.0f} | {statistics.median(values):.0f} |")
+        rows.append((key, f"{sum(values):.0f}", f"{median(values):.0f}"))
+    lines = [f"### {title}: per-batch durationMs ({len(progress)} batches, wall "
+             f"{run['wall_s']:.2f} s)", "",
+             *markdown_table(("step", "total ms", "median ms/batch"), rows, align="lrr")]
     late = sum(p.get("late_rows", 0) for p in progress)
     lines += ["", f"rows dropped by watermark (numRowsDroppedByWatermark): {late:,}", ""]
     return lines

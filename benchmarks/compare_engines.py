@@ -55,6 +55,7 @@ from typing import Any
 import polars as pl
 
 from benchmarks import data
+from benchmarks.harness import cold_then_warm
 
 DELAY_S = 10
 KAFKA_VALUE_SCHEMA = {"event_id": pl.Int64, "card_id": pl.Int64, "amount": pl.Float64}
@@ -130,8 +131,6 @@ SPARK_DEFAULT_PARTITIONS = "spark-200p"
 """Spark with its default 200 shuffle partitions (only on request: ``python -m
 benchmarks.compare --spark-default-partitions``)."""
 ALL_ENGINES = (*ENGINES, SPARK_DEFAULT_PARTITIONS)
-PHASES = ("cold", "warm")
-"""The two runs of each worker process: the first in it, then the same again."""
 
 
 def base_engine(engine: str) -> str:
@@ -696,18 +695,17 @@ def run(engine: str, spec: Spec, quick: bool, workdir: Path, *, bootstrap: str |
     results so far after each run. Returns ``{"cold": {...}, "warm": {...}}``."""
     ds = spec.dataset(quick)
     kafka = kafka_source(engine, spec, bootstrap, topic)
-    results: dict[str, dict[str, Any]] = {}
+
+    def one(phase: str) -> dict[str, Any]:
+        phase_dir = workdir / phase
+        shutil.rmtree(phase_dir, ignore_errors=True)
+        phase_dir.mkdir(parents=True)
+        return run_once(engine, spec, ds, phase_dir, kafka)
+
     try:
-        for phase in PHASES:
-            phase_dir = workdir / phase
-            shutil.rmtree(phase_dir, ignore_errors=True)
-            phase_dir.mkdir(parents=True)
-            results[phase] = run_once(engine, spec, ds, phase_dir, kafka)
-            if on_run is not None:
-                on_run(results)
+        return cold_then_warm(one, on_run)
     finally:
         stop_spark()
-    return results
 
 
 def write_json(path: Path, doc: Any) -> None:

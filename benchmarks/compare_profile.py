@@ -21,7 +21,6 @@ import cProfile
 import dataclasses
 import io
 import pstats
-import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.compare_engines import WORKLOADS, Spec, microbatch_stream
+from benchmarks.harness import markdown_table, median
 from benchmarks.measure import STEPS
 
 
@@ -70,11 +70,13 @@ def profiling(step: str) -> Iterator[cProfile.Profile]:
 
 def print_steps(progress: list[dict[str, Any]], wall: float) -> None:
     """Each lifecycle step's total, median per batch and share of the wall clock."""
-    print(f"{'step':12} {'total ms':>10} {'median ms':>10} {'share':>6}")
+    rows = []
     for step in (*STEPS, "total"):
         values = [float(p["duration_ms"].get(step, 0.0)) for p in progress]
-        print(f"{step:12} {sum(values):10.0f} {statistics.median(values):10.2f} "
-              f"{sum(values) / (wall * 1000):6.0%}")
+        rows.append((step, f"{sum(values):.0f}", f"{median(values):.2f}",
+                     f"{sum(values) / (wall * 1000):.0%}"))
+    print("\n".join(markdown_table(("step", "total ms", "median ms", "share"), rows,
+                                   align="lrrr")))
 
 
 def print_profile(profiler: cProfile.Profile, step: str, top: int) -> None:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.measure import fmt_num
+from benchmarks.harness import PHASES, fmt_num, markdown_table
 
 COLUMNS = (
     ("polars-oneshot", "one-shot Polars"),
@@ -30,7 +30,6 @@ COLUMNS = (
     ("quix", "Quix Streams"),
 )
 """Engines shown, each with the sink that writes its result (not the no-op runs)."""
-PHASES = ("cold", "warm")
 HEADLINE = "warm"
 """The phase every ratio uses: the steady state, JIT and first-call costs paid."""
 DEFAULT = Path(__file__).resolve().parent / "results" / "compare" / "quick" / "compare.json"
@@ -91,25 +90,24 @@ def _engine_cell(engine: str, cell: dict[str, Any] | None, limit: float | None) 
 
 def matrix(doc: dict[str, Any], titles: dict[str, str]) -> list[str]:
     """The Markdown lines of the matrix for a parsed ``compare.json``."""
-    lines = ["| workload | " + " | ".join(title for _, title in COLUMNS)
-             + " | microbatch ÷ Spark (warm) |",
-             "|---|" + "---:|" * (len(COLUMNS) + 1)]
+    header = ("workload", *(title for _, title in COLUMNS), "microbatch ÷ Spark (warm)")
+    rows: list[list[str]] = []
     peak: dict[str, float] = {}
     for name, cells in doc["cells"].items():
         limit = rate(cells.get("polars-oneshot", {}))
         row = [_engine_cell(engine, cells.get(engine), limit) for engine, _ in COLUMNS]
         vs_spark = _ratio(rate(cells.get("microbatch", {})), rate(cells.get("spark", {})))
         row.append(f"{vs_spark:,.1f}×" if vs_spark is not None else "-")  # noqa: RUF001
-        lines.append(f"| {titles.get(name, name)} | " + " | ".join(row) + " |")
+        rows.append([titles.get(name, name), *row])
         if name.startswith("q1-small"):
             for engine, _ in COLUMNS:
                 runs = (cells.get(engine) or {}).get("runs") or []
                 if runs:
                     peak[engine] = max(run["peak_tree_rss_mb"] for run in runs)
     if peak:
-        lines.append("| peak RSS on q1-small (process tree, cold + warm run) | " + " | ".join(
-            f"{peak[e]:,.0f} MiB" if e in peak else "-" for e, _ in COLUMNS) + " | |")
-    return lines
+        rows.append(["peak RSS on q1-small (process tree, cold + warm run)",
+                     *(f"{peak[e]:,.0f} MiB" if e in peak else "-" for e, _ in COLUMNS), ""])
+    return markdown_table(header, rows, align="l" + "r" * (len(COLUMNS) + 1))
 
 
 def main(argv: list[str] | None = None) -> int:

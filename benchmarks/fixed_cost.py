@@ -19,15 +19,21 @@ import polars as pl
 
 import microbatch as mb
 from benchmarks import data
-from benchmarks.base import Config, PhaseResults, Row, Section, Workload
-from benchmarks.measure import (
-    STEPS,
+from benchmarks.harness import (
+    Config,
+    PhaseResults,
+    Row,
+    Section,
+    Workload,
     fmt_num,
+    markdown_table,
     median,
     percentile,
-    run_available_now,
+    rate,
+    ratio,
     timed,
 )
+from benchmarks.measure import STEPS, run_available_now
 
 TARGET_MS = 3.0
 PREDICATE = pl.col("amount") > 20
@@ -75,8 +81,8 @@ def summarize(cfg: Config, results: PhaseResults) -> Section:
     med, p99 = median(totals), percentile(totals, 99)
     floor_med = median(floor_ms)
     rss = f"{engine['peak_rss_mb']:.0f} MiB"
-    engine_rate = engine["input_rows"] / engine["wall_s"]
-    oneshot_rate = oneshot["rows"] / oneshot["seconds"]
+    engine_rate = rate(engine["input_rows"], engine["wall_s"])
+    oneshot_rate = rate(oneshot["rows"], oneshot["seconds"])
     rows = [
         Row("fixed-cost", "batch total ms, median (1k rows)", f"{med:.2f} ms",
             f"{floor_med:.2f} ms (Polars per file)", floor_med / med, f"< {TARGET_MS:.0f} ms",
@@ -88,38 +94,39 @@ def summarize(cfg: Config, results: PhaseResults) -> Section:
             f"{floor_med:.2f} ms", floor_med / median(loop), "", None, "",
             f"p99 {percentile(loop, 99):.2f} ms"),
         Row("fixed-cost", "rows/s over the run", fmt_num(engine_rate),
-            f"{fmt_num(oneshot_rate)} (one-shot scan)", engine_rate / oneshot_rate, "", None,
+            f"{fmt_num(oneshot_rate)} (one-shot scan)", ratio(engine_rate, oneshot_rate), "", None,
             f"{results['oneshot'][0]['peak_rss_mb']:.0f} MiB (one-shot)",
             f"{engine['wall_s']:.2f} s vs {oneshot['seconds']:.3f} s"),
     ]
     process = results.get("engine-process", [])
     if process:
         quick = [float(p["duration_ms"]["total"]) for p in process[0]["progress"][1:]]
-        rate = process[0]["input_rows"] / process[0]["wall_s"]
+        process_rate = rate(process[0]["input_rows"], process[0]["wall_s"])
         rows.append(Row("fixed-cost", 'batch total ms, median, durability="process"',
                         f"{median(quick):.2f} ms", f"{floor_med:.2f} ms (Polars per file)",
                         floor_med / median(quick), "", None,
                         f"{process[0]['peak_rss_mb']:.0f} MiB",
-                        f"{fmt_num(rate)} rows/s; no fsyncs (survives a process crash)"))
-    lines = [
-        "### fixed-cost: per-batch lifecycle steps (ms, batches 1..N)",
-        "",
-        "| step | median | p99 | mean | share of loop wall |",
-        "|---|---:|---:|---:|---:|",
-    ]
+                        f"{fmt_num(process_rate)} rows/s; no fsyncs (survives a process crash)"))
     loop_total = sum(loop)
+    steps = []
     for step in (*STEPS, "total"):
         values = [float(p["duration_ms"].get(step, 0.0)) for p in steady]
         share = sum(values) / loop_total if loop_total else float("nan")
-        lines.append(f"| {step} | {median(values):.2f} | {percentile(values, 99):.2f} | "
-                     f"{sum(values) / len(values):.2f} | {share:.0%} |")
+        steps.append((step, f"{median(values):.2f}", f"{percentile(values, 99):.2f}",
+                      f"{sum(values) / len(values):.2f}", f"{share:.0%}"))
     outside = [w - t for w, t in zip(loop, totals, strict=False)]
-    lines.append(f"| loop wall - total (report, loop) | {median(outside):.2f} | "
-                 f"{percentile(outside, 99):.2f} | {sum(outside) / len(outside):.2f} | "
-                 f"{sum(outside) / loop_total:.0%} |")
-    lines.append(f"| loop wall | {median(loop):.2f} | {percentile(loop, 99):.2f} | "
-                 f"{loop_total / len(loop):.2f} | 100% |")
-    lines.append("")
+    steps.append(("loop wall - total (report, loop)", f"{median(outside):.2f}",
+                  f"{percentile(outside, 99):.2f}", f"{sum(outside) / len(outside):.2f}",
+                  f"{sum(outside) / loop_total:.0%}"))
+    steps.append(("loop wall", f"{median(loop):.2f}", f"{percentile(loop, 99):.2f}",
+                  f"{loop_total / len(loop):.2f}", "100%"))
+    lines = [
+        "### fixed-cost: per-batch lifecycle steps (ms, batches 1..N)",
+        "",
+        *markdown_table(("step", "median", "p99", "mean", "share of loop wall"), steps,
+                        align="lrrrr"),
+        "",
+    ]
     return Section(rows=rows, details=lines)
 
 

@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from benchmarks.harness import markdown_table
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "jobs" / "fraud_alerts.py"
 OUT = Path(__file__).resolve().parent / "results" / "fraud_latency.md"
@@ -181,15 +183,14 @@ def run_one(trigger: str, bootstrap: str, args: argparse.Namespace) -> dict[str,
 
 
 def table(rows: list[dict[str, object]], args: argparse.Namespace) -> str:
-    head = ("| trigger | transactions | alerts (posted) | p50 | p90 | p99 | max | "
-            "alerts from hour-late uploads, p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|")
-    lines = [head]
+    cells = []
     for r in rows:
         late = "-" if r["late_p99"] is None else f"{r['late_alerts']}, {r['late_p99'] / 1000:.2f} s"
-        lines.append(
-            f"| {r['trigger']} | {r['transactions']:,} | {r['alerts']:,} ({r['posted']:,}) | "
-            f"{r['p50'] / 1000:.2f} s | {r['p90'] / 1000:.2f} s | {r['p99'] / 1000:.2f} s | "
-            f"{r['max'] / 1000:.2f} s | {late} |")
+        cells.append((r["trigger"], f"{r['transactions']:,}", f"{r['alerts']:,} ({r['posted']:,})",
+                      *(f"{r[q] / 1000:.2f} s" for q in ("p50", "p90", "p99", "max")), late))
+    lines = markdown_table(("trigger", "transactions", "alerts (posted)", "p50", "p90", "p99",
+                            "max", "alerts from hour-late uploads, p99"), cells,
+                           align="lrrrrrrr")
     return (f"{args.rate:g} transactions/s for {args.seconds:g} s per trigger "
             f"({args.late_share:.0%} uploaded up to an hour late), {args.cards:,} cards "
             "(Zipf 1.1), 3 Kafka partitions; latency = webhook receipt minus the send "

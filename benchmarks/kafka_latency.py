@@ -79,7 +79,8 @@ if str(ROOT) not in sys.path:  # also when the CLI loads this file as the job
 
 import microbatch as mb  # noqa: E402
 from benchmarks.fraud_latency import start_broker, stop_broker  # noqa: E402
-from benchmarks.measure import machine_info, percentile  # noqa: E402
+from benchmarks.harness import markdown_table, percentile  # noqa: E402
+from benchmarks.measure import machine_info  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "kafka_latency.md"
 PARTITIONS = 3
@@ -641,21 +642,23 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[s
         "none. `caught up` = from the last send until the sink held every event.",
         "",
         *contract_line(rows),
-        "| sink | trigger | input events/s (target) | measured events | p50 | p90 | p99 | max | "
-        "drift | caught up | keeps up | lost / duplicated | check gap p99 | target |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
+    latency_rows = []
     for r in rows:
         target = ""
         if r["sink"] == "delta" and r["trigger"] == "1s":
             ok = r["p99"] <= TARGET_P99_MS and r["rate"] >= 0.98 * r["target_rate"]
             target = "p99 ≤ 1.2 s " + ("✅" if ok else "❌")
-        lines.append(
-            f"| {r['sink']} | {r['trigger']} | {r['rate']:,.0f} ({r['target_rate']:,.0f}) | "
-            f"{r['measured']:,} | {_s(r['p50'])} | {_s(r['p90'])} | {_s(r['p99'])} | "
-            f"{_s(r['max'])} | {_s(r['drift'])} | {r['drained_s']:.1f} s | "
-            f"{'yes' if keeps_up(r) else 'no'} | {r['lost']:,} / {r['duplicated']:,} | "
-            f"{r['watcher']['gap_ms']['p99']:.0f} ms | {target} |")
+        latency_rows.append((
+            r["sink"], r["trigger"], f"{r['rate']:,.0f} ({r['target_rate']:,.0f})",
+            f"{r['measured']:,}", _s(r["p50"]), _s(r["p90"]), _s(r["p99"]), _s(r["max"]),
+            _s(r["drift"]), f"{r['drained_s']:.1f} s", "yes" if keeps_up(r) else "no",
+            f"{r['lost']:,} / {r['duplicated']:,}", f"{r['watcher']['gap_ms']['p99']:.0f} ms",
+            target))
+    lines += markdown_table(
+        ("sink", "trigger", "input events/s (target)", "measured events", "p50", "p90", "p99",
+         "max", "drift", "caught up", "keeps up", "lost / duplicated", "check gap p99",
+         "target"), latency_rows, align="llrrrrrrrrlrrl")
     lines += [
         "",
         "Where the time goes. `wait` = from the append to the planning of the batch that "
@@ -667,26 +670,26 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[s
         "`other` = everything else on the machine); µs/event: CPU time of each process "
         "from the job's start to the sink holding every event, per event sent.",
         "",
-        "| sink | trigger | rate | wait p50 / p99 | batch p50 / p99 | written p50 / p99 | "
-        "batches | rows/batch | "
-        "plan | write_ahead | read | execute | sink | commit | total | "
-        "CPU % job / broker / producer / watcher / other | µs/event job / broker / producer |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
+    step_rows = []
     for r in rows:
-        st = " | ".join(f"{r['steps_p50'][s]:.0f} / {r['steps_p99'][s]:.0f}"
-                        for s in (*STEPS, "total"))
+        steps = [f"{r['steps_p50'][s]:.0f} / {r['steps_p99'][s]:.0f}" for s in (*STEPS, "total")]
         cpu = r["cpu"]
         cpu_text = " / ".join(f"{cpu.get(k, math.nan):.0f}" for k in
                               ("job", "broker", "producer", "watcher", "other"))
         us = " / ".join(f"{r['cpu_us'].get(k, math.nan):.1f}"
                         for k in ("job", "broker", "producer"))
-        lines.append(
-            f"| {r['sink']} | {r['trigger']} | {r['target_rate']:,.0f} | "
-            f"{r['wait_p50']:.0f} / {r['wait_p99']:.0f} ms | "
-            f"{r['batch_p50']:.0f} / {r['batch_p99']:.0f} ms | "
-            f"{r['written_p50']:.0f} / {r['written_p99']:.0f} ms | {r['batches']} | "
-            f"{r['rows_per_batch']:,.0f} | {st} | {cpu_text} | {us} |")
+        step_rows.append((
+            r["sink"], r["trigger"], f"{r['target_rate']:,.0f}",
+            f"{r['wait_p50']:.0f} / {r['wait_p99']:.0f} ms",
+            f"{r['batch_p50']:.0f} / {r['batch_p99']:.0f} ms",
+            f"{r['written_p50']:.0f} / {r['written_p99']:.0f} ms", r["batches"],
+            f"{r['rows_per_batch']:,.0f}", *steps, cpu_text, us))
+    lines += markdown_table(
+        ("sink", "trigger", "rate", "wait p50 / p99", "batch p50 / p99", "written p50 / p99",
+         "batches", "rows/batch", *STEPS, "total",
+         "CPU % job / broker / producer / watcher / other", "µs/event job / broker / producer"),
+        step_rows, align="llrrrrrr" + "r" * (len(STEPS) + 1) + "ll")
     lines += ["", "Checks:"]
     for r in rows:
         made = r["produced"]

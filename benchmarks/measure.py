@@ -1,21 +1,27 @@
-"""Measuring helpers: timed queries, statistics, memory and machine facts."""
+"""Measuring this engine: timed available-now queries, their per-step times, and the
+machine facts of a report. The generic timing, statistics and formatting live in
+:mod:`benchmarks.harness` (re-exported here for the modules that import them from
+this one)."""
 
 from __future__ import annotations
 
 import math
 import os
 import platform
-import resource
-import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from benchmarks.harness import fmt_num, median, peak_rss_mb, percentile, spread, timed
 from sinks.parquet import ParquetSink
+
+__all__ = [
+    "STEPS", "QueryRun", "TimedParquetSink", "fmt_num", "machine_info", "median",
+    "peak_rss_mb", "percentile", "run_available_now", "spread", "step_totals", "timed",
+]
 
 STEPS = ("plan", "write_ahead", "read", "execute", "sink", "commit")
 """Lifecycle steps timed in every progress record's ``duration_ms``."""
@@ -80,47 +86,16 @@ def run_available_now(stream: Any, out: Path, checkpoint: Path, *, batches_hint:
                     started_at=t0)
 
 
-def timed(fn: Any) -> float:
-    """Seconds taken by ``fn()``."""
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (nearest rank) of ``values``; NaN when empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
-def median(values: Sequence[float]) -> float:
-    """Median, NaN when empty."""
-    return statistics.median(values) if values else math.nan
 
 
-def spread(values: Sequence[float]) -> str:
-    """``min-max`` of repeated measurements, as a short string."""
-    if len(values) < 2:
-        return "1 run"
-    return f"{len(values)} runs, {fmt_num(min(values))}-{fmt_num(max(values))}"
 
 
-def fmt_num(x: float) -> str:
-    """Human-friendly rate/count: 1.23M, 456k, 12.3."""
-    if math.isnan(x):
-        return "n/a"
-    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= size:
-            return f"{x / size:.2f}{suffix}"
-    return f"{x:.3g}"
 
 
 def step_totals(progress: list[dict[str, Any]]) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from benchmarks.base import Workload
+from benchmarks.harness import Workload
 
 MODULES = {
     "fixed-cost": "benchmarks.fixed_cost",

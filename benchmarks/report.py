@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.base import Config, Row
+from benchmarks.harness import Config, Row, markdown_table
 from benchmarks.runner import Outcome
 
 HEADER = ("workload", "case", "engine", "one-shot limit", "ratio", "target", "peak RSS",
@@ -28,15 +28,15 @@ def render(outcomes: list[Outcome], machine: dict[str, Any], cfg: Config) -> str
         "ratio = engine rate / one-shot Polars rate, measured in the same run "
         "(for ms rows: limit ms / engine ms). Peak RSS: engine / one-shot process.",
         "",
-        "| " + " | ".join(HEADER) + " |",
-        "|" + "|".join("---" for _ in HEADER) + "|",
     ]
+    rows: list[tuple[str, ...]] = []
     for outcome in outcomes:
         if outcome.section is None:
-            reason = _short(outcome.skipped or "")
-            lines.append(f"| {outcome.name} | skipped: {reason} | | | | | | |")
+            rows.append((outcome.name, f"skipped: {_short(outcome.skipped or '')}",
+                         *[""] * (len(HEADER) - 2)))
             continue
-        lines += [_row(r) for r in outcome.section.rows]
+        rows += [_cells(r) for r in outcome.section.rows]
+    lines += markdown_table(HEADER, rows)
     lines.append("")
     for outcome in outcomes:
         if outcome.section is not None and outcome.section.details:
@@ -50,13 +50,12 @@ def _short(text: str, limit: int = 220) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _row(row: Row) -> str:
+def _cells(row: Row) -> tuple[str, ...]:
     ratio = "" if row.ratio is None or math.isnan(row.ratio) else f"{row.ratio:.2f}"
     target = row.target
     if row.target_met is not None:
         target += " ✅" if row.target_met else " ❌"
-    cells = (row.workload, row.case, row.engine, row.limit, ratio, target, row.rss, row.note)
-    return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+    return (row.workload, row.case, row.engine, row.limit, ratio, target, row.rss, row.note)
 
 
 def write_json(path: Path, outcomes: list[Outcome], machine: dict[str, Any], cfg: Config) -> None:

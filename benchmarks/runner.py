@@ -1,10 +1,9 @@
-"""Runs workloads phase by phase in subprocesses and collects their sections."""
+"""Runs workloads phase by phase in subprocesses (through :mod:`benchmarks.harness`)
+and collects their sections."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import data, registry
-from benchmarks.base import Config, PhaseResults, Section, SkipWorkload
+from benchmarks.harness import Config, PhaseResults, Section, SkipWorkload, run_process
 
 
 class PhaseFailed(Exception):
@@ -63,24 +62,22 @@ def run_workload(name: str, cfg: Config, *, timeout_s: float) -> Outcome:
 def run_phase(
     name: str, phase: str, workdir: Path, cfg: Config, timeout_s: float
 ) -> dict[str, Any]:
-    """One phase in a fresh interpreter; its JSON result."""
+    """One phase in a fresh interpreter (:func:`benchmarks.harness.run_process`); its
+    JSON result."""
     result_file = workdir.with_suffix(".json")
-    result_file.parent.mkdir(parents=True, exist_ok=True)
-    result_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "benchmarks.worker", name, phase, str(workdir),
            str(result_file), *cfg.to_args()]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise PhaseFailed(f"{phase} timed out after {timeout_s:.0f} s") from exc
-    if proc.returncode != 0 or not result_file.exists():
-        tail = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        reason = tail[-1] if tail else f"exit code {proc.returncode}"
-        print(f"failed\n{proc.stderr[-3000:]}", flush=True)
+    run = run_process(cmd, result_file=result_file, log=workdir.with_suffix(".log"),
+                      timeout_s=timeout_s)
+    if run.failure is not None and run.failure.startswith("timed out"):
+        raise PhaseFailed(f"{phase} {run.failure}")
+    if run.failure is not None or run.result is None:
+        text = run.log.read_text(errors="replace")
+        tail = [line for line in text.strip().splitlines() if line.strip()]
+        reason = tail[-1] if tail else run.failure or "no result written"
+        print(f"failed\n{text[-3000:]}", flush=True)
         raise PhaseFailed(f"{phase} failed: {reason}")
-    result: dict[str, Any] = json.loads(result_file.read_text())
-    return result
+    return run.result
 
 
 def _describe(result: dict[str, Any]) -> str:

@@ -25,8 +25,21 @@ from typing import Any
 import polars as pl
 
 from benchmarks import data
-from benchmarks.base import Config, PhaseResults, Row, Section, SkipWorkload, Workload
-from benchmarks.measure import fmt_num, median, run_available_now, spread, timed
+from benchmarks.harness import (
+    Config,
+    PhaseResults,
+    Row,
+    Section,
+    SkipWorkload,
+    Workload,
+    fmt_num,
+    median,
+    rate,
+    ratio,
+    spread,
+    timed,
+)
+from benchmarks.measure import run_available_now
 from benchmarks.profile import step_profile
 
 DELAY_MS = 10_000
@@ -115,7 +128,7 @@ def run_engine(case: WindowCase, ds: data.Dataset, files: int, workdir: Path) ->
 def summarize_case(case: WindowCase, cfg: Config, results: PhaseResults) -> Section:
     """Rate rows per batch size, a correctness note each, and a step profile."""
     ds = data.events(cfg.quick)
-    oneshot_rates = [r["rows"] / r["seconds"] for r in results["oneshot"]]
+    oneshot_rates = [rate(r["rows"], r["seconds"]) for r in results["oneshot"]]
     oneshot_rate = median(oneshot_rates)
     oneshot_rss = max(r["peak_rss_mb"] for r in results["oneshot"])
     section = Section()
@@ -123,17 +136,17 @@ def summarize_case(case: WindowCase, cfg: Config, results: PhaseResults) -> Sect
         runs = results.get(f"engine-f{files}", [])
         if not runs:
             continue
-        rates = [r["input_rows"] / r["wall_s"] for r in runs]
-        rate = median(rates)
+        rates = [rate(r["input_rows"], r["wall_s"]) for r in runs]
+        engine_rate = median(rates)
         try:
             verdict, detail = check(case, ds, runs[0])
         except Exception as exc:
             verdict, detail = f"check failed: {type(exc).__name__}: {exc}", []
         section.rows.append(Row(
             case.name, f"events/s, {fmt_num(ds.rows_per_file * files)} rows/batch",
-            f"{fmt_num(rate)} ({spread(rates)})",
+            f"{fmt_num(engine_rate)} ({spread(rates)})",
             f"{fmt_num(oneshot_rate)} ({spread(oneshot_rates)})",
-            rate / oneshot_rate, "", None,
+            ratio(engine_rate, oneshot_rate), "", None,
             f"{max(r['peak_rss_mb'] for r in runs):.0f} / {oneshot_rss:.0f} MiB", verdict,
         ))
         section.details += step_profile(f"{case.name}, {files} file(s)/batch", runs[0])

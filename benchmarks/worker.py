@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import registry
-from benchmarks.base import Config
-from benchmarks.measure import peak_rss_mb
+from benchmarks.harness import Config, peak_rss_mb
 
 
 def main(argv: list[str] | None = None) -> int:

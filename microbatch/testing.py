@@ -37,6 +37,7 @@ from microbatch.api.writer import output_keys, validate_aggregations
 from microbatch.checkpoint import Checkpoint
 from microbatch.engine.batch_executor import validate_joins
 from microbatch.engine.execution import MicroBatchExecution
+from microbatch.observability.progress_schema import ProgressRecord
 from microbatch.plan.triggers import ProcessingTime
 from sinks.base import BatchContext, OutputMode, Sink
 
@@ -150,7 +151,8 @@ class _Harness:
         return self.execution.tracker.current
 
     @property
-    def progress(self) -> list[dict[str, Any]]:
+    def progress(self) -> list[ProgressRecord]:
+        """The progress records of the batches run so far, oldest first."""
         return list(self.execution.progress.recent)
 
     def expect(

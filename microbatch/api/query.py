@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from microbatch.engine.execution import MicroBatchExecution
 from microbatch.exceptions import QueryTerminatedError
 from microbatch.observability.progress import clear_last_error, write_last_error
+from microbatch.observability.progress_schema import ProgressRecord
 
 if TYPE_CHECKING:
     from microbatch.observability.prometheus import MetricsServer
@@ -179,13 +180,14 @@ class StreamingQuery:
         }
 
     @property
-    def last_progress(self) -> dict[str, Any] | None:
+    def last_progress(self) -> ProgressRecord | None:
         """The progress record of the newest batch, or ``None``.
 
         A record is a JSON-serializable dict: ``batch_id``, ``input_rows``,
         ``output_rows``, ``late_rows``, ``dead_letter_rows``, the watermark in
         force (``watermark_ms``) and the next one, durations, per-source offsets
-        and lag, state sizes and more (see :mod:`microbatch.observability.record`).
+        and lag, state sizes and more; its schema is the typed, versioned
+        :class:`~microbatch.observability.progress_schema.ProgressRecord`.
         After a restart it starts from the records kept in the checkpoint.
 
         Examples
@@ -202,7 +204,7 @@ class StreamingQuery:
         return recent[-1] if recent else None
 
     @property
-    def recent_progress(self) -> list[dict[str, Any]]:
+    def recent_progress(self) -> list[ProgressRecord]:
         """Progress records of recent batches, oldest first.
 
         Each record is as :attr:`last_progress`; the records of older batches are

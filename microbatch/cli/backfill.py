@@ -40,6 +40,7 @@ from microbatch.api.query import StreamingQuery
 from microbatch.api.writer import DataStreamWriter
 from microbatch.cli.display import BatchLines, LiveLine, RunStats, out
 from microbatch.exceptions import SourceError
+from microbatch.observability.progress_schema import ProgressRecord
 from microbatch.sources.delta import Backlog, DeltaSource
 from microbatch.types import Offset
 
@@ -111,9 +112,9 @@ class BackfillTracker:
         """True when the job reads at least one Delta table."""
         return bool(self.tracked)
 
-    def done(self, record: dict[str, Any] | None) -> Done:
+    def done(self, record: ProgressRecord | None) -> Done:
         """Progress as of the progress record ``record`` (``None``: nothing yet)."""
-        ends = {s["id"]: s.get("end_offset") for s in (record or {}).get("sources", [])}
+        ends = {s["id"]: s["end_offset"] for s in record["sources"]} if record else {}
         versions = files = 0
         rows: int | None = 0
         for t in self.tracked:
@@ -185,14 +186,14 @@ class BackfillLines(BatchLines):
     def __init__(self, tracker: BackfillTracker) -> None:
         self.tracker = tracker
 
-    def batch(self, record: dict[str, Any], stats: RunStats) -> None:
+    def batch(self, record: ProgressRecord, stats: RunStats) -> None:
         elapsed = time.monotonic() - self.tracker.started
         if self.tracker.has_totals:
             detail = summary_line(self.tracker.done(record), stats, elapsed)
         else:
             rate = stats.input_rows / max(elapsed, 1e-9)
             detail = f"rows {stats.input_rows:,} │ {rate:,.0f} rows/s"
-        recovered = " [recovered]" if record.get("recovered") else ""
+        recovered = " [recovered]" if record["recovered"] else ""
         sys.stderr.write(f"backfill batch {record['batch_id']}: {detail}{recovered}\n")
         sys.stderr.flush()
 
@@ -240,7 +241,7 @@ class BackfillBar(LiveLine):
         return (f"{rows} │ versions {done.versions}/{done.total_versions} │ "
                 f"files {done.files}/{done.total_files}")
 
-    def batch(self, record: dict[str, Any], stats: RunStats) -> None:
+    def batch(self, record: ProgressRecord, stats: RunStats) -> None:
         done = self.tracker.done(record) if self.tracker.has_totals else None
         if done is None:
             self.progress.update(self.task, completed=stats.input_rows,

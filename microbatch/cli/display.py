@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from microbatch.api.query import StreamingQuery
+from microbatch.observability.progress_schema import ProgressRecord, step_durations
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -34,10 +35,10 @@ def fmt_int(value: Any) -> str:
     return f"{int(value):,}" if isinstance(value, int | float) else "-"
 
 
-def row_rate(record: dict[str, Any]) -> float | None:
+def row_rate(record: ProgressRecord) -> float | None:
     """A progress record's input rate, else its processing rate (rows/s)."""
-    rate = record.get("input_rows_per_second")
-    return rate if rate is not None else record.get("processed_rows_per_second")
+    rate = record["input_rows_per_second"]
+    return rate if rate is not None else record["processed_rows_per_second"]
 
 
 def fmt_ms_time(ms: int | None) -> str | None:
@@ -54,13 +55,14 @@ class RunStats:
     batches: int = 0
     input_rows: int = 0
     output_rows: int = 0
-    last: dict[str, Any] | None = None
+    last: ProgressRecord | None = None
     started: float = field(default_factory=time.monotonic)
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: ProgressRecord) -> None:
+        """Count one more batch."""
         self.batches += 1
-        self.input_rows += int(record.get("input_rows") or 0)
-        self.output_rows += int(record.get("output_rows") or 0)
+        self.input_rows += record["input_rows"]
+        self.output_rows += record["output_rows"]
         self.last = record
 
 
@@ -75,18 +77,18 @@ class BatchLines:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def batch(self, record: dict[str, Any], stats: RunStats) -> None:
-        durations = record.get("duration_ms", {})
+    def batch(self, record: ProgressRecord, stats: RunStats) -> None:
+        durations = step_durations(record)
         steps = " ".join(f"{s}={durations[s]:.0f}" for s in STEPS if s in durations)
         rate = row_rate(record)
         line = (
-            f"{fmt_ms_time(record.get('timestamp_ms'))} batch {record['batch_id']}: "
-            f"{record.get('input_rows', 0)} rows in, {record.get('output_rows', 0)} rows out, "
+            f"{fmt_ms_time(record['timestamp_ms'])} batch {record['batch_id']}: "
+            f"{record['input_rows']} rows in, {record['output_rows']} rows out, "
             f"{'-' if rate is None else f'{rate:.0f}'} rows/s, "
             f"{durations.get('total', 0):.0f} ms ({steps})"
             f"{lag_and_watermark(record)}"
-            f"{' [recovered]' if record.get('recovered') else ''}"
-            f"{' [falling behind]' if record.get('falling_behind') else ''}"
+            f"{' [recovered]' if record['recovered'] else ''}"
+            f"{' [falling behind]' if record['falling_behind'] else ''}"
         )
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
@@ -99,20 +101,20 @@ class BatchLines:
         sys.stderr.flush()
 
 
-def lag_and_watermark(record: dict[str, Any]) -> str:
+def lag_and_watermark(record: ProgressRecord) -> str:
     """``, lag 1200 records (oldest 3.1 s), late 2, watermark 12:00:05 (lag 9.8 s)``."""
     parts = []
-    lag, lag_s = record.get("source_lag_records"), record.get("source_lag_seconds")
+    lag, lag_s = record["source_lag_records"], record["source_lag_seconds"]
     if lag is not None:
-        units = {(s.get("lag") or {}).get("unit") for s in record.get("sources") or []}
+        units = {s_lag["unit"] if (s_lag := s["lag"]) else None for s in record["sources"]}
         unit = "files" if units == {"files"} else "records"
         oldest = f" (oldest {lag_s:.1f} s)" if lag_s else ""
         parts.append(f"lag {lag} {unit}{oldest}")
-    if record.get("late_rows"):
+    if record["late_rows"]:
         parts.append(f"late {record['late_rows']}")
-    watermark = record.get("next_watermark_ms")
+    watermark = record["next_watermark_ms"]
     if watermark is not None:
-        wm_lag = record.get("reported_at_ms", watermark) - watermark
+        wm_lag = (record["reported_at_ms"] or watermark) - watermark
         parts.append(f"watermark {(fmt_ms_time(watermark) or '')[11:19]} "
                      f"(lag {wm_lag / 1000:.1f} s)")
     return "".join(f", {p}" for p in parts)
@@ -135,7 +137,7 @@ class LiveLine:
     ) -> None:
         self.live.__exit__(exc_type, exc, tb)
 
-    def batch(self, record: dict[str, Any], stats: RunStats) -> None:
+    def batch(self, record: ProgressRecord, stats: RunStats) -> None:
         return None
 
     def refresh(self, stats: RunStats, query: StreamingQuery) -> None:
@@ -154,16 +156,16 @@ class LiveLine:
             return text
         rate = row_rate(last)
         text.append(f"  batch {last['batch_id']}", style="bold cyan")
-        text.append(f" │ {fmt_int(rate)} rows/s │ in {fmt_int(last.get('input_rows'))}"
-                    f" │ out {fmt_int(last.get('output_rows'))} │ {stats.batches} batches")
-        if last.get("source_lag_records") is not None:
+        text.append(f" │ {fmt_int(rate)} rows/s │ in {fmt_int(last['input_rows'])}"
+                    f" │ out {fmt_int(last['output_rows'])} │ {stats.batches} batches")
+        if last["source_lag_records"] is not None:
             text.append(f" │ lag {fmt_int(last['source_lag_records'])}")
-        watermark = last.get("next_watermark_ms")
+        watermark = last["next_watermark_ms"]
         if watermark is not None:
             lag_s = time.time() - watermark / 1000
             text.append(f" │ watermark {(fmt_ms_time(watermark) or '')[11:19]} "
                         f"(lag {lag_s:.1f} s)")
-        if last.get("falling_behind"):
+        if last["falling_behind"]:
             text.append(" │ falling behind", style="bold red")
         return text
 
@@ -174,12 +176,12 @@ class DemoTable(LiveLine):
     def __init__(self, seconds: float) -> None:
         super().__init__("demo")
         self.seconds = seconds
-        self.records: list[dict[str, Any]] = []
+        self.records: list[ProgressRecord] = []
         self.late_rows = 0
 
-    def batch(self, record: dict[str, Any], stats: RunStats) -> None:
+    def batch(self, record: ProgressRecord, stats: RunStats) -> None:
         self.records = [*self.records[-7:], record]
-        self.late_rows += record.get("late_rows") or 0
+        self.late_rows += record["late_rows"]
 
     def render(self, stats: RunStats, query: StreamingQuery) -> Any:
         elapsed = time.monotonic() - stats.started
@@ -198,10 +200,10 @@ class DemoTable(LiveLine):
         for title in ("batch", "in", "out", "rows/s", *_STEP_TITLES, "total"):
             table.add_column(title, justify="right", no_wrap=True)
         for rec in self.records:
-            durations = rec.get("duration_ms", {})
+            durations = step_durations(rec)
             table.add_row(
-                str(rec["batch_id"]), fmt_int(rec.get("input_rows")),
-                fmt_int(rec.get("output_rows")), fmt_int(row_rate(rec)),
+                str(rec["batch_id"]), fmt_int(rec["input_rows"]),
+                fmt_int(rec["output_rows"]), fmt_int(row_rate(rec)),
                 *(f"{durations[s]:.1f}" if s in durations else "-" for s in STEPS),
                 f"{durations.get('total', 0):.1f}",
             )
@@ -210,8 +212,7 @@ class DemoTable(LiveLine):
 
 def watermark_lag(stats: RunStats) -> float | None:
     """The last batch's watermark lag in ms, if it had one."""
-    last = stats.last or {}
-    return last.get("watermark_lag_ms")
+    return stats.last["watermark_lag_ms"] if stats.last else None
 
 
 _STEP_TITLES = ("plan", "wal", "read", "exec", "sink", "commit")

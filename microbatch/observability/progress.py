@@ -1,5 +1,9 @@
 """Progress records: one JSON-serializable dict per batch, and the last error.
 
+A record is a :class:`~microbatch.observability.progress_schema.ProgressRecord`
+(the typed, versioned schema); records read back from ``chk/progress/N`` go
+through :func:`~microbatch.observability.progress_schema.read_progress`.
+
 Kept in memory for ``query.recent_progress`` and written (without fsync:
 they are informational) to ``chk/progress/N`` for ``microbatch status``;
 only the newest ``retain`` records are kept on disk. Each record is also
@@ -32,6 +36,11 @@ from microbatch.checkpoint.files import (
     write_json_atomic,
 )
 from microbatch.exceptions import CheckpointError
+from microbatch.observability.progress_schema import (
+    ProgressRecord,
+    ProgressVersionError,
+    read_progress,
+)
 
 log = logging.getLogger("microbatch.observability.progress")
 
@@ -48,7 +57,7 @@ class ProgressStore:
     def __init__(self, directory: Path | None, *, retain: int = 100) -> None:
         self.directory = directory
         self.retain = retain
-        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=retain)
+        self.recent: collections.deque[ProgressRecord] = collections.deque(maxlen=retain)
         self.totals: dict[str, Any] = {"batches": 0, **dict.fromkeys(COUNTED, 0), "sources": {}}
         """Sums over the batches added to this store (not those loaded from disk);
         ``sources`` maps a source id to its input rows."""
@@ -57,7 +66,7 @@ class ProgressStore:
             make_dirs(directory)
             self.recent.extend(load_progress(directory, limit=retain))
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: ProgressRecord) -> None:
         """Keep ``record``; drop the oldest beyond the retention."""
         with self._lock:
             self.recent.append(record)
@@ -70,45 +79,55 @@ class ProgressStore:
             )
         if self.directory is None:
             return
-        batch_id = int(record["batch_id"])
+        batch_id = record["batch_id"]
         write_json_atomic(self.directory / str(batch_id), "progress", record, durable=False)
         stale = batch_id - self.retain
         if stale >= 0:
             remove(self.directory / str(stale))
 
-    def _count(self, record: dict[str, Any]) -> None:
+    def _count(self, record: ProgressRecord) -> None:
         totals = self.totals
         totals["batches"] += 1
-        for key in COUNTED:
-            totals[key] += int(record.get(key) or 0)
-        for source in record.get("sources") or []:
-            sid = str(source.get("id"))
-            totals["sources"][sid] = totals["sources"].get(sid, 0) + int(
-                source.get("input_rows") or 0
-            )
+        totals["input_rows"] += record["input_rows"]
+        totals["output_rows"] += record["output_rows"]
+        totals["late_rows"] += record["late_rows"]
+        totals["dead_letter_rows"] += record["dead_letter_rows"]
+        for source in record["sources"]:
+            sid = source["id"]
+            totals["sources"][sid] = totals["sources"].get(sid, 0) + source["input_rows"]
 
-    def snapshot(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def snapshot(self) -> tuple[list[ProgressRecord], dict[str, Any]]:
         """The recent records and a copy of the totals, consistent with each other."""
         with self._lock:
             totals = {**self.totals, "sources": dict(self.totals["sources"])}
             return list(self.recent), totals
 
 
-def load_progress(directory: Path, *, limit: int = 100) -> list[dict[str, Any]]:
+def load_progress(directory: Path, *, limit: int = 100) -> list[ProgressRecord]:
     """The newest ``limit`` progress records under ``directory``, oldest first.
 
     Unreadable records are skipped: progress is informational and must never
-    stop a query or a status command.
+    stop a query or a status command. Records of a newer ``progress_version``
+    than this engine reads are skipped too, with one warning naming them (their
+    fields may mean something else); records from before the version field
+    are read as version 0 (see :func:`read_progress`).
     """
     if not directory.exists():
         return []
     ids = sorted(int(n) for n in os.listdir(directory) if n.isdigit())[-limit:]
     records = []
+    newer: list[str] = []
     for batch_id in ids:
+        path = directory / str(batch_id)
         try:
-            records.append(read_json(directory / str(batch_id), "progress"))
+            records.append(read_progress(read_json(path, "progress"), where=str(path)))
+        except ProgressVersionError as exc:
+            newer.append(str(exc))
         except CheckpointError:
             continue
+    if newer:
+        log.warning("skipped %d progress record(s) written by a newer microbatch: %s",
+                    len(newer), newer[-1])
     return records
 
 

@@ -44,10 +44,11 @@ by their id in the query (``0``, ``1``…; ``microbatch status`` lists them).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from microbatch.exceptions import MicrobatchError
+from microbatch.observability.progress_schema import ProgressRecord, step_durations
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -104,36 +105,34 @@ def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000
 
 
-def _batch_gauges(last: Mapping[str, Any], label: str, gauge: Any) -> Iterator[Metric]:
-    durations = last.get("duration_ms") or {}
+def _batch_gauges(last: ProgressRecord, label: str, gauge: Any) -> Iterator[Metric]:
     yield gauge("last_batch_id", "Id of the newest batch.", last["batch_id"])
     yield gauge("input_rows_per_second", "Input rate of the newest batch.",
-                last.get("input_rows_per_second"))
+                last["input_rows_per_second"])
     yield gauge("processed_rows_per_second", "Processing rate of the newest batch.",
-                last.get("processed_rows_per_second"))
+                last["processed_rows_per_second"])
     yield gauge("batch_duration_seconds", "Duration of the newest batch.",
-                _seconds(durations.get("total")))
+                _seconds(last["duration_ms"].get("total")))
     yield gauge("trigger_interval_seconds", "The processing-time trigger's interval.",
-                _seconds(last.get("trigger_interval_ms")))
+                _seconds(last["trigger_interval_ms"]))
     yield gauge("falling_behind", "1 when the newest batch overran the trigger interval.",
-                1 if last.get("falling_behind") else 0)
-    watermark = last.get("next_watermark_ms")
+                1 if last["falling_behind"] else 0)
+    watermark = last["next_watermark_ms"]
     yield gauge("watermark_seconds", "The current event-time watermark (epoch seconds).",
                 _seconds(watermark))
     yield gauge("watermark_lag_seconds", "Wall clock minus the current watermark.",
                 None if watermark is None else time.time() - watermark / 1000)
-    sink = last.get("sink") or {}
     yield gauge("sink_write_seconds", "Time the sink took to take the newest batch.",
-                _seconds(sink.get("write_ms")))
+                _seconds(last["sink"]["write_ms"] if last["sink"] else None))
 
 
-def _labelled_gauges(last: Mapping[str, Any], label: str) -> Iterator[Metric]:
+def _labelled_gauges(last: ProgressRecord, label: str) -> Iterator[Metric]:
     from prometheus_client.core import GaugeMetricFamily
 
     steps = GaugeMetricFamily(PREFIX + "batch_step_duration_seconds",
                               "Duration of each lifecycle step of the newest batch.",
                               labels=["query", "step"])
-    for step, ms in (last.get("duration_ms") or {}).items():
+    for step, ms in step_durations(last).items():
         if step != "total":
             steps.add_metric([label, step], ms / 1000)
     yield steps
@@ -143,37 +142,37 @@ def _labelled_gauges(last: Mapping[str, Any], label: str) -> Iterator[Metric]:
     lag_seconds = GaugeMetricFamily(PREFIX + "source_lag_seconds",
                                     "Age of the oldest record not read yet.",
                                     labels=["query", "source", "partition"])
-    for source in last.get("sources") or []:
-        lag = source.get("lag") or {}
-        for pid, part in (lag.get("partitions") or {}).items():
-            if part.get("records") is not None:
-                lag_records.add_metric([label, source["id"], pid], part["records"])
-            if part.get("seconds") is not None:
-                lag_seconds.add_metric([label, source["id"], pid], part["seconds"])
+    for source in last["sources"]:
+        lag = source["lag"]
+        for pid, part in (lag["partitions"] if lag else {}).items():
+            if (records := part.get("records")) is not None:
+                lag_records.add_metric([label, source["id"], pid], records)
+            if (seconds := part.get("seconds")) is not None:
+                lag_seconds.add_metric([label, source["id"], pid], seconds)
     yield lag_records
     yield lag_seconds
-    families = {
-        "rows": GaugeMetricFamily(PREFIX + "state_rows", "Rows in an operator's state.",
-                                  labels=["query", "operator"]),
-        "bytes": GaugeMetricFamily(PREFIX + "state_bytes", "Memory held by an operator's state.",
-                                   labels=["query", "operator"]),
-        "commit_ms": GaugeMetricFamily(PREFIX + "state_commit_seconds",
-                                       "Time to commit an operator's state version.",
-                                       labels=["query", "operator"]),
-    }
-    for op_id, figures in sorted((last.get("state") or {}).items()):
-        for key, family in families.items():
-            value = figures.get(key)
-            if value is not None:
-                family.add_metric([label, op_id], value / 1000 if key == "commit_ms" else value)
-    yield from families.values()
+    rows = GaugeMetricFamily(PREFIX + "state_rows", "Rows in an operator's state.",
+                             labels=["query", "operator"])
+    size = GaugeMetricFamily(PREFIX + "state_bytes", "Memory held by an operator's state.",
+                             labels=["query", "operator"])
+    commit = GaugeMetricFamily(PREFIX + "state_commit_seconds",
+                               "Time to commit an operator's state version.",
+                               labels=["query", "operator"])
+    for op_id, figures in sorted(last["state"].items()):
+        if (n := figures.get("rows")) is not None:
+            rows.add_metric([label, op_id], n)
+        if (b := figures.get("bytes")) is not None:
+            size.add_metric([label, op_id], b)
+        if (commit_ms := figures.get("commit_ms")) is not None:
+            commit.add_metric([label, op_id], commit_ms / 1000)
+    yield from (rows, size, commit)
     latency = GaugeMetricFamily(PREFIX + "end_to_end_latency_seconds",
                                 "Now minus event time of the rows written by the newest batch.",
                                 labels=["query", "quantile"])
-    measured = last.get("latency_ms") or {}
-    for quantile, key in (("0.5", "median_ms"), ("1", "max_ms")):
-        if measured.get(key) is not None:
-            latency.add_metric([label, quantile], measured[key] / 1000)
+    measured = last["latency_ms"]
+    if measured is not None:
+        latency.add_metric([label, "0.5"], measured["median_ms"] / 1000)
+        latency.add_metric([label, "1"], measured["max_ms"] / 1000)
     yield latency
 
 

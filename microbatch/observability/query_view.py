@@ -13,9 +13,8 @@ from __future__ import annotations
 import html
 import json
 import time
-from collections.abc import Mapping
-from typing import Any
 
+from microbatch.observability.progress_schema import ProgressRecord, SourceProgress
 from microbatch.observability.snapshot import QuerySnapshot
 from microbatch.observability.status import alarms, fmt_time
 from microbatch.observability.status_view import fmt_bytes, fmt_int, fmt_seconds, lag_text
@@ -27,9 +26,9 @@ RECENT_ROWS = 10
 
 def explain_text(query: QuerySnapshot) -> str:
     """The plan, root first, each node followed by its live figures."""
-    last = query.last or {}
+    last = query.last
     ids = query.node_ids
-    sources = {s["id"]: s for s in last.get("sources") or []}
+    sources = {s["id"]: s for s in last["sources"]} if last else {}
     lines = [
         f"StreamingQuery {query.name or query.id} [{query.message}]",
         f"checkpoint: {query.checkpoint}",
@@ -58,8 +57,8 @@ def explain_text(query: QuerySnapshot) -> str:
     return "\n".join(lines)
 
 
-def _state_line(op_id: str, last: Mapping[str, Any]) -> str:
-    m = (last.get("state") or {}).get(op_id)
+def _state_line(op_id: str, last: ProgressRecord | None) -> str:
+    m = last["state"].get(op_id) if last else None
     if not m:
         return f"state {op_id}: no batch yet"
     return (f"state {op_id}: {fmt_int(m.get('rows'))} rows, {fmt_bytes(m.get('bytes'))}, "
@@ -67,14 +66,14 @@ def _state_line(op_id: str, last: Mapping[str, Any]) -> str:
             f"late rows {fmt_int(m.get('late_rows'))} in the newest batch")
 
 
-def _watermark_lines(node_id: str | None, last: Mapping[str, Any]) -> list[str]:
-    current = last.get("next_watermark_ms")
+def _watermark_lines(node_id: str | None, last: ProgressRecord | None) -> list[str]:
+    current = last["next_watermark_ms"] if last else None
     head = (f"watermark {node_id or '?'}: query watermark {fmt_time(current) or 'none yet'}"
             + ("" if current is None
                else f" (lag {fmt_seconds(time.time() * 1000 - current)})"))
     out = [head]
-    for p in last.get("watermark_partitions") or []:
-        if p.get("node") != node_id:
+    for p in last["watermark_partitions"] if last else []:
+        if p["node"] != node_id:
             continue
         flags = ", idle" if p["idle"] else ""
         flags += ", holds the watermark" if p["holding"] else ""
@@ -84,22 +83,21 @@ def _watermark_lines(node_id: str | None, last: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _source_line(sid: str, entry: Mapping[str, Any] | None) -> str:
+def _source_line(sid: str, entry: SourceProgress | None) -> str:
     if not entry:
         return f"source {sid}: no batch yet"
-    lag = entry.get("lag") or {}
-    return (f"source {sid}: read up to {json.dumps(entry.get('end_offset'))}; lag "
-            + (lag_text(lag.get("records"), lag.get("seconds"), lag.get("unit", "records"))
-               if lag else "unknown"))
+    lag = entry["lag"]
+    return (f"source {sid}: read up to {json.dumps(entry['end_offset'])}; lag "
+            + (lag_text(lag["records"], lag["seconds"], lag["unit"]) if lag else "unknown"))
 
 
-def _batch_line(r: Mapping[str, Any]) -> str:
-    latency = r.get("latency_ms") or {}
-    return (f"batch {r['batch_id']} at {fmt_time(r.get('timestamp_ms'))}: "
-            f"{fmt_int(r.get('input_rows'))} rows in, {fmt_int(r.get('output_rows'))} out, "
-            f"{fmt_int(r.get('late_rows'))} late, {fmt_int(r.get('dead_letter_rows'))} dead "
-            f"letters, {(r.get('duration_ms') or {}).get('total', 0):.1f} ms"
-            + (f", sink latency max {fmt_seconds(latency.get('max_ms'))}" if latency else ""))
+def _batch_line(r: ProgressRecord) -> str:
+    latency = r["latency_ms"]
+    return (f"batch {r['batch_id']} at {fmt_time(r['timestamp_ms'])}: "
+            f"{fmt_int(r['input_rows'])} rows in, {fmt_int(r['output_rows'])} out, "
+            f"{fmt_int(r['late_rows'])} late, {fmt_int(r['dead_letter_rows'])} dead "
+            f"letters, {r['duration_ms'].get('total', 0):.1f} ms"
+            + (f", sink latency max {fmt_seconds(latency['max_ms'])}" if latency else ""))
 
 
 def query_html(query: QuerySnapshot) -> str:
@@ -116,14 +114,14 @@ def query_html(query: QuerySnapshot) -> str:
     if query.metrics_url:
         facts.append(("metrics", query.metrics_url))
     if last:
-        lag = last.get("source_lag_records")
+        lag = last["source_lag_records"]
         facts += [
             ("newest batch", _batch_line(last)),
-            ("watermark", f"{fmt_time(last.get('next_watermark_ms')) or 'none'}"),
+            ("watermark", f"{fmt_time(last['next_watermark_ms']) or 'none'}"),
             ("source lag", "unknown" if lag is None
-             else lag_text(lag, last.get("source_lag_seconds"))),
-            ("state", f"{fmt_int(last.get('state_rows'))} rows, "
-                      f"{fmt_bytes(last.get('state_bytes'))}"),
+             else lag_text(lag, last["source_lag_seconds"])),
+            ("state", f"{fmt_int(last['state_rows'])} rows, "
+                      f"{fmt_bytes(last['state_bytes'])}"),
         ]
     for alarm in alarms(recent):
         facts.append((f"alarm: {alarm['code']}", alarm["message"]))
@@ -134,10 +132,10 @@ def query_html(query: QuerySnapshot) -> str:
     head = ("batch", "rows in", "rows out", "rows/s", "ms", "late", "lag", "watermark lag")
     batch_rows = "".join(
         "<tr>" + "".join(f"<td>{e(c)}</td>" for c in (
-            str(r["batch_id"]), fmt_int(r.get("input_rows")), fmt_int(r.get("output_rows")),
-            fmt_int(r.get("processed_rows_per_second")),
-            f"{(r.get('duration_ms') or {}).get('total', 0):.1f}", fmt_int(r.get("late_rows")),
-            fmt_int(r.get("source_lag_records")), fmt_seconds(r.get("watermark_lag_ms")),
+            str(r["batch_id"]), fmt_int(r["input_rows"]), fmt_int(r["output_rows"]),
+            fmt_int(r["processed_rows_per_second"]),
+            f"{r['duration_ms'].get('total', 0):.1f}", fmt_int(r["late_rows"]),
+            fmt_int(r["source_lag_records"]), fmt_seconds(r["watermark_lag_ms"]),
         )) + "</tr>"
         for r in recent[-RECENT_ROWS:]
     )

@@ -3,10 +3,14 @@
 :func:`progress_record` is step 7 of the batch lifecycle: after ``commits/N``
 the engine pushes a :class:`BatchFacts` (it never hands over itself, so this
 module cannot depend on the engine). The record is a
-plain JSON dict (``json.dumps`` works without a ``default``), kept in
+:class:`~microbatch.observability.progress_schema.ProgressRecord`: a plain
+JSON dict (``json.dumps`` works without a ``default``) whose schema is typed
+and versioned in :mod:`microbatch.observability.progress_schema`, kept in
 ``query.recent_progress``, written to ``chk/progress/N`` and logged as one
 JSON line on the ``microbatch.observability.progress`` logger. Fields:
 
+- ``progress_version``: the schema version of the record (see
+  :data:`~microbatch.observability.progress_schema.PROGRESS_VERSION`);
 - ``batch_id``, ``timestamp_ms``: the batch and its recorded processing time;
 - ``input_rows``; ``input_rows_per_second`` (rows / time since the previous
   batch of this run); ``processed_rows_per_second`` (rows / this batch's
@@ -43,8 +47,18 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any
+from typing import Any, cast
 
+from microbatch.observability.progress_schema import (
+    PROGRESS_VERSION,
+    ExecutorProgress,
+    Latency,
+    ProgressRecord,
+    SourceProgress,
+    StateProgress,
+    StepDurations,
+    WatermarkPartition,
+)
 from microbatch.observability.source_lag import source_lag
 from microbatch.sources.base import Source
 from microbatch.types import Offset
@@ -92,14 +106,14 @@ class BatchFacts:
     sink_metrics: Mapping[str, Any]
     """The sink's own figures of the batch (a webhook's posts, retries...)."""
     latency: Mapping[str, Any] | None
-    previous: Mapping[str, Any] | None
+    previous: ProgressRecord | None
     """The progress record of the batch before (``None`` for the first one)."""
     executor: Mapping[str, Any] | None = None
     """Where the plan ran, when not in this process: a scaled-out batch's
     workers, shards, phase times and busy time per worker and shard."""
 
 
-def progress_record(facts: BatchFacts, *, now_ms: int) -> dict[str, Any]:
+def progress_record(facts: BatchFacts, *, now_ms: int) -> ProgressRecord:
     """The progress record of a batch as of ``now_ms`` (the fields are listed in
     the module docstring)."""
     f = facts
@@ -116,12 +130,16 @@ def progress_record(facts: BatchFacts, *, now_ms: int) -> dict[str, Any]:
     for op_id, kind in f.eviction.items():
         if op_id in state:
             state[op_id]["eviction"] = kind
-    latency = _jsonable(f.latency) if f.latency is not None else None
-    lags = [s["lag"] for s in sources if s.get("lag")]
-    lag_records = [lag["records"] for lag in lags if lag.get("records") is not None]
-    lag_seconds = [lag["seconds"] for lag in lags if lag.get("seconds") is not None]
+    latency = cast(Latency, _jsonable(f.latency)) if f.latency is not None else None
+    lags = [s["lag"] for s in sources if s["lag"]]
+    lag_records = [lag["records"] for lag in lags if lag["records"] is not None]
+    lag_seconds = [lag["seconds"] for lag in lags if lag["seconds"] is not None]
     interval_ms = f.interval_ms
+    durations = cast(StepDurations, {**f.durations_ms, "total": round(total_ms, 3)})
+    partitions = cast(list[WatermarkPartition], [dict(p) for p in f.watermark_partitions])
+    executor = cast(ExecutorProgress, _jsonable(f.executor)) if f.executor is not None else None
     return {
+        "progress_version": PROGRESS_VERSION,
         "query_id": f.query_id,
         "run_id": f.run_id,
         "name": f.name,
@@ -142,16 +160,16 @@ def progress_record(facts: BatchFacts, *, now_ms: int) -> dict[str, Any]:
         "watermark_lag_ms": (
             now_ms - f.watermark_ms if f.watermark_ms is not None else None
         ),
-        "watermark_partitions": [dict(p) for p in f.watermark_partitions],
-        "duration_ms": {**f.durations_ms, "total": round(total_ms, 3)},
+        "watermark_partitions": partitions,
+        "duration_ms": durations,
         "falling_behind": bool(interval_ms and total_ms > interval_ms),
         "sources": sources,
         "source_lag_records": sum(lag_records) if lag_records else None,
         "source_lag_seconds": max(lag_seconds) if lag_seconds else None,
         "state": state,
-        "state_rows": sum(int(m.get("rows") or 0) for m in state.values()),
-        "state_bytes": sum(int(m.get("bytes") or 0) for m in state.values()),
-        "state_expired_rows": sum(int(m.get("expired_rows") or 0) for m in state.values()),
+        "state_rows": sum(m.get("rows") or 0 for m in state.values()),
+        "state_bytes": sum(m.get("bytes") or 0 for m in state.values()),
+        "state_expired_rows": sum(m.get("expired_rows") or 0 for m in state.values()),
         "sink": {
             "description": _jsonable(f.sink_description),
             "output_rows": f.output_rows,
@@ -160,16 +178,16 @@ def progress_record(facts: BatchFacts, *, now_ms: int) -> dict[str, Any]:
             "metrics": _jsonable(f.sink_metrics),
         },
         "latency_ms": latency,
-        "executor": _jsonable(f.executor) if f.executor is not None else None,
+        "executor": executor,
     }
 
 
 def _source_entry(
     facts: BatchFacts, sid: str, span: tuple[Any, Any], now_ms: int
-) -> dict[str, Any]:
+) -> SourceProgress:
     start, end = span
     source = facts.sources[sid]
-    entry: dict[str, Any] = {
+    entry: SourceProgress = {
         "id": sid,
         "description": source.describe(),
         "start_offset": start,
@@ -189,9 +207,10 @@ def _source_entry(
 
 def _state(
     during: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
-) -> dict[str, dict[str, Any]]:
-    """Per operator: the batch's figures, plus what only the commit knows."""
-    out: dict[str, dict[str, Any]] = {}
+) -> dict[str, StateProgress]:
+    """Per operator: the batch's figures, plus what only the commit knows (an
+    operator's own figures beyond :class:`StateProgress`'s are kept too)."""
+    out: dict[str, StateProgress] = {}
     for op_id in dict.fromkeys([*during, *after]):
         merged = dict(during.get(op_id) or {})
         committed = after.get(op_id) or {}
@@ -199,7 +218,7 @@ def _state(
         for key in ("rows", "bytes"):
             if key not in merged and key in committed:
                 merged[key] = committed[key]
-        out[op_id] = _jsonable(merged)
+        out[op_id] = cast(StateProgress, _jsonable(merged))
     return out
 
 

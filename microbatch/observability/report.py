@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from microbatch.observability.progress import load_progress
+from microbatch.observability.progress_schema import ProgressRecord, SourceLag, step_durations
 from microbatch.observability.status import fmt_time, status_document
 from microbatch.observability.status_view import fmt_bytes, fmt_int, fmt_seconds
 
@@ -40,7 +41,7 @@ class Plot:
 
     name: str
     title: str
-    draw: Callable[[Axes, Sequence[dict[str, Any]]], bool]
+    draw: Callable[[Axes, Sequence[ProgressRecord]], bool]
     """Draws on the axes; returns False when there was nothing to draw."""
 
 
@@ -53,16 +54,13 @@ class WrittenReport:
     batches: int
 
 
-def _value(record: dict[str, Any], *path: str, scale: float = 1.0) -> float:
-    """``record[path...] * scale``, NaN when missing (matplotlib leaves a gap)."""
-    value: Any = record
-    for key in path:
-        value = value.get(key) if isinstance(value, dict) else None
+def _value(value: object, *, scale: float = 1.0) -> float:
+    """``value * scale``, NaN when missing (matplotlib leaves a gap)."""
     return float(value) * scale if isinstance(value, int | float) else math.nan
 
 
-def _ids(records: Sequence[dict[str, Any]]) -> list[int]:
-    return [int(r["batch_id"]) for r in records]
+def _ids(records: Sequence[ProgressRecord]) -> list[int]:
+    return [r["batch_id"] for r in records]
 
 
 def _has(values: Sequence[float]) -> bool:
@@ -75,12 +73,13 @@ def _legend(ax: Axes) -> None:
         ax.legend(loc="best", fontsize="small")
 
 
-def _rates(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
+def _rates(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
     x = _ids(records)
     got = False
-    for key, label in (("input_rows_per_second", "input (arrival) rows/s"),
-                       ("processed_rows_per_second", "processed rows/s")):
-        ys = [_value(r, key) for r in records]
+    for ys, label in (([_value(r["input_rows_per_second"]) for r in records],
+                        "input (arrival) rows/s"),
+                       ([_value(r["processed_rows_per_second"]) for r in records],
+                        "processed rows/s")):
         if _has(ys):
             ax.plot(x, ys, marker=".", label=label)
             got = True
@@ -89,15 +88,16 @@ def _rates(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
     return got
 
 
-def _durations(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
+def _durations(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
     x = _ids(records)
     bottom = [0.0] * len(records)
     for step in STEPS:
-        ys = [0.0 if math.isnan(v := _value(r, "duration_ms", step)) else v for r in records]
+        ys = [0.0 if math.isnan(v := _value(step_durations(r).get(step))) else v
+              for r in records]
         if any(ys):
             ax.bar(x, ys, bottom=bottom, label=step, width=0.8)
             bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
-    intervals = [_value(r, "trigger_interval_ms") for r in records]
+    intervals = [_value(r["trigger_interval_ms"]) for r in records]
     if _has(intervals):
         ax.plot(x, intervals, color="black", linestyle="--", label="trigger interval")
     ax.set_ylabel("ms")
@@ -105,25 +105,26 @@ def _durations(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
     return any(bottom)
 
 
-def _watermark_lag(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
-    ys = [_value(r, "watermark_lag_ms", scale=1 / 1000) for r in records]
+def _watermark_lag(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
+    ys = [_value(r["watermark_lag_ms"], scale=1 / 1000) for r in records]
     ax.plot(_ids(records), ys, marker=".", color="tab:purple", label="wall clock - watermark")
     ax.set_ylabel("seconds")
     _legend(ax)
     return _has(ys)
 
 
-def _source_lag(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
+def _source_lag(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
     x = _ids(records)
-    ids = sorted({s["id"] for r in records for s in r.get("sources") or []})
+    ids = sorted({s["id"] for r in records for s in r["sources"]})
     got = False
     seconds_ax = None
     for sid in ids:
-        lags = [next((s.get("lag") or {} for s in r.get("sources") or [] if s["id"] == sid), {})
-                for r in records]
-        unit = next((lag.get("unit") for lag in lags if lag.get("unit")), "records")
-        counts = [_value(lag, "records") for lag in lags]
-        ages = [_value(lag, "seconds") for lag in lags]
+        lags: list[SourceLag | None] = [
+            next((s["lag"] for s in r["sources"] if s["id"] == sid), None) for r in records
+        ]
+        unit = next((lag["unit"] for lag in lags if lag and lag["unit"]), "records")
+        counts = [_value(lag["records"] if lag else None) for lag in lags]
+        ages = [_value(lag["seconds"] if lag else None) for lag in lags]
         if _has(counts):
             ax.plot(x, counts, marker=".", label=f"source {sid} ({unit})")
             got = True
@@ -136,16 +137,16 @@ def _source_lag(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
     return got
 
 
-def _state(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
+def _state(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
     x = _ids(records)
-    ops = sorted({op for r in records for op in r.get("state") or {}})
+    ops = sorted({op for r in records for op in r["state"]})
     got = False
     for op in ops:
-        ys = [_value(r, "state", op, "rows") for r in records]
+        ys = [_value(r["state"].get(op, {}).get("rows")) for r in records]
         if _has(ys):
             ax.plot(x, ys, marker=".", label=f"{op} rows")
             got = True
-    mib = [_value(r, "state_bytes", scale=1 / 2**20) for r in records]
+    mib = [_value(r["state_bytes"], scale=1 / 2**20) for r in records]
     if got and _has(mib):
         right = ax.twinx()
         right.plot(x, mib, color="gray", linestyle=":", label="all state MiB")
@@ -155,10 +156,10 @@ def _state(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
     return got
 
 
-def _bad_rows(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
+def _bad_rows(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
     x = _ids(records)
-    late = [_value(r, "late_rows") for r in records]
-    dead = [_value(r, "dead_letter_rows") for r in records]
+    late = [_value(r["late_rows"]) for r in records]
+    dead = [_value(r["dead_letter_rows"]) for r in records]
     ax.bar([i - 0.2 for i in x], [0 if math.isnan(v) else v for v in late], width=0.4,
            label="late rows", color="tab:orange")
     ax.bar([i + 0.2 for i in x], [0 if math.isnan(v) else v for v in dead], width=0.4,
@@ -168,11 +169,14 @@ def _bad_rows(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
     return bool(records)
 
 
-def _latency(ax: Axes, records: Sequence[dict[str, Any]]) -> bool:
+def _latency(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
     x = _ids(records)
     got = False
-    for key, label in (("max_ms", "max"), ("median_ms", "median")):
-        ys = [_value(r, "latency_ms", key, scale=1 / 1000) for r in records]
+    latencies = [r["latency_ms"] for r in records]
+    for ys, label in (([_value(m["max_ms"] if m else None, scale=1 / 1000) for m in latencies],
+                        "max"),
+                       ([_value(m["median_ms"] if m else None, scale=1 / 1000)
+                         for m in latencies], "median")):
         if _has(ys):
             ax.plot(x, ys, marker=".", label=f"{label} (now - event time)")
             got = True
@@ -194,7 +198,7 @@ PLOTS = (
 """The report's figures, in page order."""
 
 
-def render_png(plot: Plot, records: Sequence[dict[str, Any]]) -> bytes:
+def render_png(plot: Plot, records: Sequence[ProgressRecord]) -> bytes:
     """One figure as PNG bytes (matplotlib's Agg renderer, no pyplot state)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -250,7 +254,7 @@ img { max-width: 100%; border: 1px solid #eee; }
 
 
 def render_html(
-    doc: dict[str, Any], records: Sequence[dict[str, Any]], pngs: dict[str, bytes]
+    doc: dict[str, Any], records: Sequence[ProgressRecord], pngs: dict[str, bytes]
 ) -> str:
     """The self-contained page: summary, alarms, every figure, the batch table."""
     e = html.escape
@@ -266,9 +270,9 @@ def render_html(
         ("state size", f"{fmt_int(doc.get('state_rows'))} rows, "
                        f"{fmt_bytes(doc.get('state_bytes'))}"),
         ("late rows (all recorded batches)",
-         fmt_int(sum(int(r.get("late_rows") or 0) for r in records))),
+         fmt_int(sum(r["late_rows"] for r in records))),
         ("dead-letter rows (all recorded batches)",
-         fmt_int(sum(int(r.get("dead_letter_rows") or 0) for r in records))),
+         fmt_int(sum(r["dead_letter_rows"] for r in records))),
         ("generated", fmt_time(int(time.time() * 1000))),
     ]
     if doc.get("last_error"):
@@ -306,19 +310,19 @@ def render_html(
     return "\n".join(parts) + "\n"
 
 
-def _batch_table(records: Sequence[dict[str, Any]]) -> str:
+def _batch_table(records: Sequence[ProgressRecord]) -> str:
     head = ("batch", "time UTC", "rows in", "rows out", "rows/s in", "rows/s done", "ms",
             "late", "dead letters", "source lag", "watermark lag", "state rows")
     rows = []
     for r in list(records)[-TABLE_ROWS:]:
         cells = (
-            str(r["batch_id"]), (fmt_time(r.get("timestamp_ms")) or "-")[11:23],
-            fmt_int(r.get("input_rows")), fmt_int(r.get("output_rows")),
-            fmt_int(r.get("input_rows_per_second")), fmt_int(r.get("processed_rows_per_second")),
-            f"{(r.get('duration_ms') or {}).get('total', 0):.1f}",
-            fmt_int(r.get("late_rows")), fmt_int(r.get("dead_letter_rows")),
-            fmt_int(r.get("source_lag_records")), fmt_seconds(r.get("watermark_lag_ms")),
-            fmt_int(r.get("state_rows")),
+            str(r["batch_id"]), (fmt_time(r["timestamp_ms"]) or "-")[11:23],
+            fmt_int(r["input_rows"]), fmt_int(r["output_rows"]),
+            fmt_int(r["input_rows_per_second"]), fmt_int(r["processed_rows_per_second"]),
+            f"{r['duration_ms'].get('total', 0):.1f}",
+            fmt_int(r["late_rows"]), fmt_int(r["dead_letter_rows"]),
+            fmt_int(r["source_lag_records"]), fmt_seconds(r["watermark_lag_ms"]),
+            fmt_int(r["state_rows"]),
         )
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     header = "".join(f"<th>{h}</th>" for h in head)

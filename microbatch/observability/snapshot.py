@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from microbatch.observability.progress_schema import ProgressRecord
 from microbatch.plan.nodes import PlanNode
 
 __all__ = ["QuerySnapshot"]
@@ -32,7 +33,7 @@ class QuerySnapshot:
     is_active: bool
     failed: bool
     metrics_url: str | None
-    recent: Sequence[Mapping[str, Any]]
+    recent: Sequence[ProgressRecord]
     """Progress records of recent batches, oldest first."""
     totals: Mapping[str, Any]
     """This run's totals (batches, input/output/late/dead-letter rows, per source)."""
@@ -47,6 +48,6 @@ class QuerySnapshot:
         return self.name or self.id or "query"
 
     @property
-    def last(self) -> Mapping[str, Any] | None:
+    def last(self) -> ProgressRecord | None:
         """The newest progress record, or ``None``."""
         return self.recent[-1] if self.recent else None

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from microbatch.observability.progress_schema import SourceLag
 from microbatch.sources.base import PartitionLag, Source
 from microbatch.types import Offset
 
@@ -34,7 +35,7 @@ MAX_PARTITIONS = 1024
 (totals always cover every partition)."""
 
 
-def source_lag(source: Source, position: Offset, now_ms: int) -> dict[str, Any] | None:
+def source_lag(source: Source, position: Offset, now_ms: int) -> SourceLag | None:
     """The lag of ``source`` for a query whose committed position is ``position``.
 
     Returns ``{"unit", "records", "seconds", "partitions": {id: {"records",
@@ -52,7 +53,7 @@ def source_lag(source: Source, position: Offset, now_ms: int) -> dict[str, Any] 
         return None
 
 
-def _builtin(source: Source, position: Offset, now_ms: int) -> dict[str, Any] | None:
+def _builtin(source: Source, position: Offset, now_ms: int) -> SourceLag | None:
     from microbatch.sources.files import FileSource
     from microbatch.sources.generator import GeneratorSource
     from microbatch.sources.memory import MemorySource
@@ -68,7 +69,7 @@ def _builtin(source: Source, position: Offset, now_ms: int) -> dict[str, Any] | 
     return None
 
 
-def _files_lag(source: Any, position: int, now_ms: int) -> dict[str, Any]:
+def _files_lag(source: Any, position: int, now_ms: int) -> SourceLag:
     """Ledger files after ``position``: admitted by the last plan, not read yet."""
     ledger = source.ledger
     pending = ledger.files(position, len(ledger))
@@ -77,7 +78,7 @@ def _files_lag(source: Any, position: int, now_ms: int) -> dict[str, Any]:
     return _summary({"0": _part(len(pending), round(seconds, 3))}, unit="files")
 
 
-def _generator_lag(source: Any, position: Offset, now_ms: int) -> dict[str, Any]:
+def _generator_lag(source: Any, position: Offset, now_ms: int) -> SourceLag:
     """Rows available now and not read, per partition (row ``i`` is in ``i % P``)."""
     end = source.latest_offset(position, capped=False)  # arithmetic on the clock only
     first_unread, available = int(position["rows"]), int(end["rows"])
@@ -112,13 +113,13 @@ def _normalize(raw: Mapping[str, int | PartitionLag]) -> dict[str, PartitionLag]
     return parts
 
 
-def _summary(parts: dict[str, PartitionLag], *, unit: str) -> dict[str, Any]:
+def _summary(parts: dict[str, PartitionLag], *, unit: str) -> SourceLag:
     """Totals over ``parts`` (records summed, seconds the oldest) and the first
     :data:`MAX_PARTITIONS` partitions."""
     records = [p["records"] for p in parts.values() if p["records"] is not None]
     seconds = [p["seconds"] for p in parts.values() if p["seconds"] is not None]
     listed = dict(list(parts.items())[:MAX_PARTITIONS])
-    out: dict[str, Any] = {
+    out: SourceLag = {
         "unit": unit,
         "records": sum(records) if records else None,
         "seconds": max(seconds) if seconds else None,

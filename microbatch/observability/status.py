@@ -22,7 +22,7 @@ the conditions an operator should look at:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
@@ -31,6 +31,7 @@ from typing import Any
 from microbatch.checkpoint import Checkpoint, read_lock_owner
 from microbatch.exceptions import CheckpointError
 from microbatch.observability.progress import load_progress, read_last_error
+from microbatch.observability.progress_schema import ProgressRecord, StateProgress
 
 ALARM_WINDOW = 20
 """Progress records read to judge alarms (at least; more when asked to show more)."""
@@ -79,10 +80,11 @@ def status_document(
     pending = planned is not None and (committed is None or committed.batch_id < planned.batch_id)
     records = load_progress(chk.progress_dir, limit=max(last, ALARM_WINDOW))
     shown = records[-last:]
-    newest = records[-1] if records else {}
+    newest = records[-1] if records else None
     last_error = read_last_error(chk.root)
-    descriptions = {s["id"]: s.get("description") for s in newest.get("sources") or []}
-    lags = {s["id"]: s.get("lag") for s in newest.get("sources") or []}
+    newest_sources = newest["sources"] if newest else []
+    descriptions = {s["id"]: s["description"] for s in newest_sources}
+    lags = {s["id"]: s["lag"] for s in newest_sources}
     sources = [
         {"id": sid, "start_offset": r.get("start"), "end_offset": r.get("end"),
          "description": descriptions.get(sid), "lag": lags.get(sid)}
@@ -106,54 +108,54 @@ def status_document(
         "last_planned_batch": planned.batch_id if planned else None,
         "last_committed_batch": committed.batch_id if committed else None,
         "pending_recovery": pending,
-        "trigger": newest.get("trigger"),
-        "trigger_interval_ms": newest.get("trigger_interval_ms"),
+        "trigger": newest["trigger"] if newest else None,
+        "trigger_interval_ms": newest["trigger_interval_ms"] if newest else None,
         "sources": sources,
-        "source_lag_records": newest.get("source_lag_records"),
-        "source_lag_seconds": newest.get("source_lag_seconds"),
+        "source_lag_records": newest["source_lag_records"] if newest else None,
+        "source_lag_seconds": newest["source_lag_seconds"] if newest else None,
         "watermark_ms": watermark_ms,
         "watermark": fmt_time(watermark_ms),
         "watermark_lag_ms": None if watermark_ms is None else now_ms - watermark_ms,
-        "watermark_partitions": newest.get("watermark_partitions") or [],
-        "state_operators": newest.get("state") or {},
-        "state_rows": newest.get("state_rows"),
-        "state_bytes": newest.get("state_bytes"),
-        "recent_state_expired_rows": sum(int(r.get("state_expired_rows") or 0) for r in shown),
-        "latency_ms": newest.get("latency_ms"),
-        "recent_late_rows": sum(int(r.get("late_rows") or 0) for r in shown),
-        "recent_dead_letter_rows": sum(int(r.get("dead_letter_rows") or 0) for r in shown),
+        "watermark_partitions": newest["watermark_partitions"] if newest else [],
+        "state_operators": newest["state"] if newest else {},
+        "state_rows": newest["state_rows"] if newest else None,
+        "state_bytes": newest["state_bytes"] if newest else None,
+        "recent_state_expired_rows": sum(r["state_expired_rows"] for r in shown),
+        "latency_ms": newest["latency_ms"] if newest else None,
+        "recent_late_rows": sum(r["late_rows"] for r in shown),
+        "recent_dead_letter_rows": sum(r["dead_letter_rows"] for r in shown),
         "recent_batches": [batch_summary(r) for r in shown],
         "alarms": alarms(records, last_error=last_error, running=running),
         **averages(shown),
     }
 
 
-def batch_summary(r: dict[str, Any]) -> dict[str, Any]:
+def batch_summary(r: ProgressRecord) -> dict[str, Any]:
     """The columns of the recent-batches table for one progress record."""
     return {
         "batch_id": r["batch_id"],
-        "time": fmt_time(r.get("timestamp_ms")),
-        "input_rows": r.get("input_rows"),
-        "output_rows": r.get("output_rows"),
-        "input_rows_per_second": r.get("input_rows_per_second"),
-        "processed_rows_per_second": r.get("processed_rows_per_second"),
-        "duration_ms": (r.get("duration_ms") or {}).get("total"),
-        "recovered": r.get("recovered", False),
-        "late_rows": r.get("late_rows"),
-        "dead_letter_rows": r.get("dead_letter_rows"),
-        "source_lag_records": r.get("source_lag_records"),
-        "watermark_lag_ms": r.get("watermark_lag_ms"),
-        "state_rows": r.get("state_rows"),
-        "falling_behind": r.get("falling_behind", False),
+        "time": fmt_time(r["timestamp_ms"]),
+        "input_rows": r["input_rows"],
+        "output_rows": r["output_rows"],
+        "input_rows_per_second": r["input_rows_per_second"],
+        "processed_rows_per_second": r["processed_rows_per_second"],
+        "duration_ms": r["duration_ms"].get("total"),
+        "recovered": r["recovered"],
+        "late_rows": r["late_rows"],
+        "dead_letter_rows": r["dead_letter_rows"],
+        "source_lag_records": r["source_lag_records"],
+        "watermark_lag_ms": r["watermark_lag_ms"],
+        "state_rows": r["state_rows"],
+        "falling_behind": r["falling_behind"],
     }
 
 
-def averages(records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+def averages(records: Sequence[ProgressRecord]) -> dict[str, float | None]:
     """Input rate over the wall-clock span of ``records``; processing rate over their time."""
-    busy_s = sum((r.get("duration_ms") or {}).get("total", 0) for r in records) / 1000
-    rows = sum(int(r.get("input_rows") or 0) for r in records)
+    busy_s = sum(r["duration_ms"].get("total", 0) for r in records) / 1000
+    rows = sum(r["input_rows"] for r in records)
     span_s = (records[-1]["timestamp_ms"] - records[0]["timestamp_ms"]) / 1000 if records else 0
-    arrived = rows - int(records[0].get("input_rows") or 0) if records else 0
+    arrived = rows - records[0]["input_rows"] if records else 0
     return {
         "avg_input_rows_per_second": round(arrived / span_s, 1) if span_s > 0 else None,
         "avg_processed_rows_per_second": round(rows / busy_s, 1) if busy_s > 0 else None,
@@ -167,7 +169,7 @@ def _alarm(code: str, severity: str, message: str) -> dict[str, str]:
     return {"code": code, "severity": severity, "message": message}
 
 
-def alarms(records: Sequence[Mapping[str, Any]],
+def alarms(records: Sequence[ProgressRecord],
     *,
     last_error: dict[str, Any] | None = None,
     running: bool | None = None,
@@ -182,7 +184,7 @@ def alarms(records: Sequence[Mapping[str, Any]],
             f"{last_error.get('message')}. The batch was not committed; the next start "
             "runs it again.",
         ))
-    run = [r for r in records if r.get("run_id") == records[-1].get("run_id")] if records else []
+    run = [r for r in records if r["run_id"] == records[-1]["run_id"]] if records else []
     for check in (_falling_behind, _backlog_growing, _watermark_stalled, _late_rows_rising,
                   _dead_letters):
         alarm = check(run)
@@ -192,23 +194,24 @@ def alarms(records: Sequence[Mapping[str, Any]],
     return found
 
 
-def _falling_behind(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
-    window = [r for r in run if r.get("trigger_interval_ms")][-FALLING_BEHIND_WINDOW:]
-    late = [r for r in window if r.get("falling_behind")]
+def _falling_behind(run: Sequence[ProgressRecord]) -> dict[str, str] | None:
+    window = [r for r in run if r["trigger_interval_ms"]][-FALLING_BEHIND_WINDOW:]
+    late = [r for r in window if r["falling_behind"]]
     if len(window) < 2 or len(late) * 2 <= len(window):
         return None
-    avg = sum((r.get("duration_ms") or {}).get("total", 0) for r in window) / len(window)
+    avg = sum(r["duration_ms"].get("total", 0) for r in window) / len(window)
+    interval_ms = window[-1]["trigger_interval_ms"] or 0
     return _alarm(
         "falling_behind", "warning",
         f"falling behind: {len(late)} of the last {len(window)} batches took longer than "
-        f"the {window[-1]['trigger_interval_ms'] / 1000:g} s trigger interval (average "
+        f"the {interval_ms / 1000:g} s trigger interval (average "
         f"{avg:.0f} ms). Cap batches (max_records_per_batch), lengthen the trigger, or "
         "speed up the job.",
     )
 
 
-def _backlog_growing(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
-    found = [r.get("source_lag_records") for r in run][-BACKLOG_WINDOW:]
+def _backlog_growing(run: Sequence[ProgressRecord]) -> dict[str, str] | None:
+    found = [r["source_lag_records"] for r in run][-BACKLOG_WINDOW:]
     lags = [v for v in found if v is not None]
     if len(lags) < BACKLOG_WINDOW:  # too few batches, or one without a known lag
         return None
@@ -221,17 +224,17 @@ def _backlog_growing(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
     )
 
 
-def _watermark_stalled(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
+def _watermark_stalled(run: Sequence[ProgressRecord]) -> dict[str, str] | None:
     window = list(run[-STALL_BATCHES:])
-    if len(window) < STALL_BATCHES or not all(r.get("input_rows") for r in window):
+    if len(window) < STALL_BATCHES or not all(r["input_rows"] for r in window):
         return None
-    marks = {r.get("next_watermark_ms") for r in window}
+    marks = {r["next_watermark_ms"] for r in window}
     if len(marks) != 1:
         return None
     since = window[0]["timestamp_ms"]
     stuck = [
-        p for p in window[-1].get("watermark_partitions") or []
-        if p.get("holding") and p.get("last_rows_at_ms", since) < since
+        p for p in window[-1]["watermark_partitions"]
+        if p["holding"] and p.get("last_rows_at_ms", since) < since
     ]
     if not stuck:
         return None
@@ -247,21 +250,21 @@ def _watermark_stalled(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | Non
     )
 
 
-def _state_growing(run: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+def _state_growing(run: Sequence[ProgressRecord]) -> list[dict[str, str]]:
     window = list(run[-STATE_WINDOW:])
     if len(window) < STATE_WINDOW:
         return []
     found = []
-    watermark_moved = len({r.get("next_watermark_ms") for r in window}) > 1
-    for op_id, newest in (window[-1].get("state") or {}).items():
-        figures = [(r.get("state") or {}).get(op_id) or {} for r in window]
+    watermark_moved = len({r["next_watermark_ms"] for r in window}) > 1
+    for op_id, newest in window[-1]["state"].items():
+        figures: list[StateProgress] = [r["state"].get(op_id) or {} for r in window]
         known = [f.get("rows") for f in figures]
         rows = [v for v in known if v is not None]
         if len(rows) < len(known) or rows[-1] <= rows[0]:
             continue
         if not all(b >= a for a, b in pairwise(rows)):
             continue
-        if sum(int(f.get("deleted") or 0) for f in figures):
+        if sum(f.get("deleted") or 0 for f in figures):
             continue
         if newest.get("eviction") != "none" and watermark_moved:
             continue  # e.g. windows still open early in a query's life
@@ -295,15 +298,15 @@ def _ttl_advice(op_id: str, eviction: str | None) -> str:
     return f": set {how}." if how else "."
 
 
-def _late_rows_rising(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
+def _late_rows_rising(run: Sequence[ProgressRecord]) -> dict[str, str] | None:
     window = list(run[-2 * LATE_WINDOW:])
     if len(window) < 2 * LATE_WINDOW:
         return None
-    before = sum(int(r.get("late_rows") or 0) for r in window[:LATE_WINDOW])
-    after = sum(int(r.get("late_rows") or 0) for r in window[LATE_WINDOW:])
+    before = sum(r["late_rows"] for r in window[:LATE_WINDOW])
+    after = sum(r["late_rows"] for r in window[LATE_WINDOW:])
     if after <= 2 * before or after < LATE_WINDOW:
         return None
-    rows = sum(int(r.get("input_rows") or 0) for r in window[LATE_WINDOW:])
+    rows = sum(r["input_rows"] for r in window[LATE_WINDOW:])
     share = f" ({after / rows:.1%} of their input)" if rows else ""
     return _alarm(
         "late_rows_rising", "warning",
@@ -313,9 +316,9 @@ def _late_rows_rising(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None
     )
 
 
-def _dead_letters(run: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
+def _dead_letters(run: Sequence[ProgressRecord]) -> dict[str, str] | None:
     window = list(run[-ALARM_WINDOW:])
-    bad = sum(int(r.get("dead_letter_rows") or 0) for r in window)
+    bad = sum(r["dead_letter_rows"] for r in window)
     if not bad:
         return None
     return _alarm(

@@ -21,6 +21,7 @@ from obs_helpers import EVENT_SCHEMA, ms, windowed_counts
 
 import microbatch as mb
 from microbatch.api.stream import stream_of
+from microbatch.observability.progress_schema import ProgressRecord, read_progress
 from microbatch.observability.status import alarms
 from microbatch.sources.base import PartitionLag
 from microbatch.sources.memory import MemorySource
@@ -260,9 +261,11 @@ def test_state_growing_without_eviction_is_an_alarm(chk: Path, name: Callable[[]
 
 
 def test_rising_late_rows_alarm_and_steady_late_rows_none() -> None:
-    def records(late: list[int]) -> list[dict]:
-        return [{"run_id": "r", "batch_id": i, "timestamp_ms": i * 1000, "input_rows": 100,
-                 "late_rows": n} for i, n in enumerate(late)]
+    def records(late: list[int]) -> list[ProgressRecord]:
+        # only the fields the alarm reads: read as version-0 records, the rest defaults
+        return [read_progress({"run_id": "r", "batch_id": i, "timestamp_ms": i * 1000,
+                               "input_rows": 100, "late_rows": n}, where=f"batch {i}")
+                for i, n in enumerate(late)]
 
     rising = alarms(records([0, 1, 0, 4, 9, 20]))
     assert [a["code"] for a in rising] == ["late_rows_rising"]
