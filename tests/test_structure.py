@@ -4,7 +4,9 @@
   ``sinks``, counting every import: top level, inside functions and under
   ``TYPE_CHECKING``;
 - ``statestore`` and ``sinks`` never import ``microbatch`` (they are usable on
-  their own; the engine reaches them through small protocols);
+  their own; the engine reaches them through small protocols); of
+  ``statestore``, ``sinks`` imports only the shared foundation (the durable-write
+  layer);
 - at most 12 modules at the top of ``microbatch/``: the rest lives in rooms.
 """
 
@@ -120,16 +122,32 @@ def test_every_package_has_an_init_with_a_docstring() -> None:
             assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says nothing"
 
 
-def test_the_sinks_copy_of_the_durable_write_layer_is_identical() -> None:
-    """``sinks`` may not import ``statestore``, so it keeps a copy of
-    ``statestore/durable.py``; below the module docstring the two must not drift."""
+SINKS_MAY_IMPORT_FROM_STATESTORE = {"statestore.durable"}
+"""The shared foundation below both packages: the one durable-write layer."""
 
-    def body(path: Path) -> str:
-        tree = ast.parse(path.read_text())
-        tree.body = tree.body[1:]  # the docstring
-        return ast.unparse(tree)
 
-    assert body(ROOT / "sinks" / "durable.py") == body(ROOT / "statestore" / "durable.py")
+def test_sinks_import_only_the_shared_foundation_of_statestore() -> None:
+    """``sinks`` writes its files through ``statestore.durable`` (one durable-write
+    layer, one recorder, one fsync switch) and uses nothing else of ``statestore``."""
+    graph = _graph()
+    reached = {
+        target
+        for name, targets in graph.items()
+        if name.split(".")[0] == "sinks"
+        for target in targets
+        if target.split(".")[0] == "statestore"
+    }
+    assert reached <= SINKS_MAY_IMPORT_FROM_STATESTORE, sorted(reached)
+
+
+def test_there_is_one_durable_write_layer() -> None:
+    """``sinks/durable.py`` is a deprecated alias, not a copy with its own state."""
+    import sinks.durable
+    import statestore.durable
+
+    assert "_recorders" not in vars(sinks.durable)
+    assert "write_atomic" not in vars(sinks.durable)
+    assert statestore.durable.write_atomic.__module__ == "statestore.durable"
 
 
 def _room(module: str) -> str:

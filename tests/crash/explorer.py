@@ -4,12 +4,12 @@ a power loss may leave, recover from each and check the result.
 In the spirit of ALICE (Pillai et al., OSDI 2014) and CrashMonkey: SIGKILL
 keeps the page cache, so the kill tests never see what a machine that loses
 power leaves on disk. Here the job runs once with a recorder on the durable
-write layer (``statestore/durable.py`` and its copy ``sinks/durable.py``: the
-only places that write, rename, unlink or fsync durable files; delta-rs's own
-writes are reported there by the Delta sink). Then, for each crash point (a
-prefix of the recorded operations), the explorer builds the states the
-persistence model below allows, writes each onto the job's directories,
-restarts the job and checks it.
+write layer (``statestore/durable.py``: the only place that writes, renames,
+unlinks or fsyncs durable files, for the checkpoint, the state stores and the
+sinks alike; delta-rs's own writes are reported there by the Delta sink).
+Then, for each crash point (a prefix of the recorded operations), the explorer
+builds the states the persistence model below allows, writes each onto the
+job's directories, restarts the job and checks it.
 
 The persistence model (POSIX promises no more; real file systems often keep
 more, e.g. ext4's ordered journal):
@@ -65,7 +65,6 @@ import harness
 import reliability_job
 
 import microbatch as mb
-import sinks.durable
 import statestore.durable
 from sinks.exceptions import SinkError
 from statestore.exceptions import StateStoreError
@@ -147,8 +146,8 @@ class Trace:
 
 @contextmanager
 def recording(trace: Trace) -> Iterator[Trace]:
-    """Record both copies of the durable layer into ``trace``."""
-    with statestore.durable.recording(trace), sinks.durable.recording(trace):
+    """Record the durable-write layer's operations into ``trace``."""
+    with statestore.durable.recording(trace):
         yield trace
 
 
