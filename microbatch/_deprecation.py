@@ -28,7 +28,7 @@ Three tools, smallest first:
 Internal code uses only the new names (the test suite turns warnings into
 errors). ``sinks`` and ``statestore`` may not import ``microbatch``: their few
 shims call :func:`warnings.warn` directly with this message format (see
-``sinks/durable.py``).
+``sinks/_moved.py``).
 """
 
 from __future__ import annotations
