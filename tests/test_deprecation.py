@@ -123,3 +123,12 @@ def test_old_module_paths_warn_in_the_same_format() -> None:
         assert module is importlib.import_module("microbatch.plan.triggers")
     finally:
         sys.modules.pop("microbatch.triggers", None)
+
+
+def test_the_user_errors_function_is_a_deprecated_name_of_the_tuple() -> None:
+    from microbatch.cli.common import user_errors
+    from microbatch.exceptions import USER_ERRORS
+
+    with pytest.warns(DeprecationWarning, match=r"user_errors\(\) is renamed "
+                      r"microbatch\.exceptions\.USER_ERRORS"):
+        assert user_errors() == USER_ERRORS

@@ -6,7 +6,7 @@
 - ``statestore`` and ``sinks`` never import ``microbatch`` (they are usable on
   their own; the engine reaches them through small protocols); of
   ``statestore``, ``sinks`` imports only the shared foundation (the durable-write
-  layer);
+  layer and the error root);
 - at most 12 modules at the top of ``microbatch/``: the rest lives in rooms.
 """
 
@@ -122,13 +122,15 @@ def test_every_package_has_an_init_with_a_docstring() -> None:
             assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says nothing"
 
 
-SINKS_MAY_IMPORT_FROM_STATESTORE = {"statestore.durable"}
-"""The shared foundation below both packages: the one durable-write layer."""
+SINKS_MAY_IMPORT_FROM_STATESTORE = {"statestore.durable", "statestore.exceptions"}
+"""The shared foundation below both packages: the one durable-write layer and
+the one error root (``MicrobatchError``)."""
 
 
 def test_sinks_import_only_the_shared_foundation_of_statestore() -> None:
     """``sinks`` writes its files through ``statestore.durable`` (one durable-write
-    layer, one recorder, one fsync switch) and uses nothing else of ``statestore``."""
+    layer, one recorder, one fsync switch), derives its errors from the one root
+    in ``statestore.exceptions`` and uses nothing else of ``statestore``."""
     graph = _graph()
     reached = {
         target
@@ -169,3 +171,30 @@ def test_the_rooms_of_microbatch_form_layers() -> None:
     assert "microbatch.api" not in rooms["microbatch.observability"]
     assert "microbatch.engine" not in rooms["microbatch.plan"]
     assert "microbatch.engine" not in rooms["microbatch.operators"]
+
+
+def test_every_error_class_of_the_project_has_one_root() -> None:
+    """Every exception class defined in ``microbatch``, ``statestore`` and ``sinks``
+    derives from ``MicrobatchError``, except the few named here with why."""
+    import importlib
+    import inspect
+
+    import microbatch as mb
+
+    outside = {
+        "microbatch.engine.faults.InjectedFault",  # a test's stand-in for a crash
+        "microbatch.distributed.runner._WorkerLost",  # internal: caught and retried
+    }
+    found = []
+    for name in _modules():
+        if name.endswith("__main__"):
+            continue  # runs the CLI
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if (inspect.isclass(value) and issubclass(value, BaseException)
+                    and value.__module__ == name):
+                found.append(value)
+    assert len(found) > 20
+    strays = sorted(f"{c.__module__}.{c.__qualname__}" for c in found
+                    if not issubclass(c, mb.MicrobatchError))
+    assert strays == sorted(outside)
