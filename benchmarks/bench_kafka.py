@@ -52,10 +52,10 @@ SCHEMA = {"event_id": pl.Int64, "card_id": pl.Int64, "merchant": pl.String,
 def produce(bootstrap: str, topic: str, records: int, partitions: int) -> float:
     """Write ``records`` JSON events round-robin over partitions; seconds taken."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    from sinks.kafka_client import create_topics
+
+    create_topics(bootstrap, [topic], partitions=partitions, replication_factor=1)
     time.sleep(1)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
                          "batch.size": 1_000_000, "compression.type": "lz4",

@@ -273,15 +273,16 @@ def _produce(bootstrap: str, topic: str, ds: data.EventFiles, partitions: int) -
     card id mod ``partitions`` (so each card's rows stay in one ordered partition)."""
     import polars as pl
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.delete_topics([topic])
+    from sinks.kafka_client import create_topics
+
+    AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])
     time.sleep(1)
     # Event times are in the past: without retention.ms=-1 the broker deletes the
     # segments at once (time-based retention looks at the message timestamps).
-    admin.create_topics([NewTopic(topic, partitions, 1, config={"retention.ms": "-1",
-                                                       "retention.bytes": "-1"})])[topic].result(30)
+    create_topics(bootstrap, [topic], partitions=partitions, replication_factor=1,
+                  topic_config={"retention.ms": "-1", "retention.bytes": "-1"})
     time.sleep(1)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50,
                          "batch.size": 1_000_000, "compression.type": "lz4",

@@ -62,10 +62,9 @@ def stop_broker(broker_dir: str) -> None:
 
 
 def create_topic(bootstrap: str, topic: str) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from sinks.kafka_client import create_topics
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=3)])[topic].result(30)
+    create_topics(bootstrap, [topic], partitions=3)
 
 
 def start_receiver(work: Path) -> tuple[subprocess.Popen[str], str]:

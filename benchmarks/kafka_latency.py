@@ -125,14 +125,10 @@ def build(params: dict[str, str]) -> mb.DataStreamWriter:
 
 def create_topics(bootstrap: str, *topics: str, log_append_time: bool) -> None:
     """Fresh topics of ``PARTITIONS`` partitions (append-time timestamps if asked)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from sinks.kafka_client import create_topics as create
 
     config = {"message.timestamp.type": "LogAppendTime"} if log_append_time else {}
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(t, num_partitions=PARTITIONS, replication_factor=1,
-                                            config=config) for t in topics])
-    for future in futures.values():
-        future.result(30)
+    create(bootstrap, topics, partitions=PARTITIONS, replication_factor=1, topic_config=config)
 
 
 # --------------------------------------------------------------------------- producer

@@ -213,17 +213,11 @@ def produce_transactions(bootstrap: str, topic: str = "transactions", *, rows: i
     number of records written; raises ``RuntimeError`` on a delivery error.
     """
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from sinks.kafka_client import create_topics
 
     base = {**(config or {}), "bootstrap.servers": bootstrap}
-    admin = AdminClient(base)
-    if topic not in admin.list_topics(timeout=30).topics:
-        fut = admin.create_topics([NewTopic(topic, num_partitions=partitions)])[topic]
-        try:
-            fut.result(30)
-        except Exception as exc:  # created meanwhile by someone else is fine
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
+    create_topics(base, [topic], partitions=partitions, exist_ok=True)
     data = generated_transactions(rows=rows, seed=seed, cards=cards, late_fraction=late_fraction,
                                   events_per_second=events_per_second, late_by=late_by)
     producer = Producer({**base, "linger.ms": 20, "compression.type": "lz4",

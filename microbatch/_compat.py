@@ -4,7 +4,8 @@
 ``observability/``, ``cli/``, ``tools/``). A user's ``import microbatch.stream``
 or ``from microbatch.windows import window`` still works: a finder on
 ``sys.meta_path`` answers the old name with the module at its new place and
-emits a ``DeprecationWarning`` naming it. No file is left at the old place.
+emits a ``DeprecationWarning`` naming it (:mod:`microbatch._deprecation`, the
+one deprecation mechanism). No file is left at the old place.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
-import warnings
 from collections.abc import Sequence
 from types import ModuleType
+
+from microbatch._deprecation import REMOVED_IN, issue_deprecation_warning
 
 MOVED: dict[str, str] = {
     "microbatch.stream": "microbatch.api.stream",
@@ -66,10 +68,10 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         new = MOVED[spec.name]
-        warnings.warn(
-            f"{spec.name} moved to {new}; the old name is removed in microbatch 0.3 "
-            "(everything a job needs is also on `import microbatch as mb`)",
-            DeprecationWarning,
+        issue_deprecation_warning(
+            f"{spec.name} moved to {new}; the old name will be removed in microbatch "
+            f"{REMOVED_IN} (everything a job needs is also on `import microbatch as mb`)",
+            version="0.2.0",
             stacklevel=2,
         )
         return importlib.import_module(new)

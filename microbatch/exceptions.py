@@ -1,16 +1,47 @@
-"""Every error the engine raises on purpose.
+"""Every error the engine raises on purpose, and the tuple of user errors.
 
 Each class names one kind of problem; every message says what went wrong,
 where (batch id, file, source) and what the user can do about it.
+
+One root: :class:`MicrobatchError` (defined in ``statestore.exceptions``, the
+lowest layer, and re-exported here and as ``microbatch.MicrobatchError``) is the
+base of the engine's errors below, of ``sinks.exceptions.SinkError`` and of
+``statestore.exceptions.StateStoreError``. Deliberately outside it:
+``microbatch.engine.faults.InjectedFault`` (a test's stand-in for a crash).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from statestore.exceptions import MicrobatchError
 
-class MicrobatchError(Exception):
-    """Base class of all errors raised by the engine."""
+__all__ = [
+    "USER_ERRORS",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CheckpointLockedError",
+    "DurationError",
+    "ExecutorError",
+    "IncompatibleCheckpointError",
+    "JobError",
+    "MicrobatchError",
+    "PlanError",
+    "QueryTerminatedError",
+    "SourceError",
+    "StateBudgetExceededError",
+    "TransformError",
+    "TriggerError",
+]
+
+USER_ERRORS: tuple[type[BaseException], ...] = (MicrobatchError,)
+"""The errors that are the user's to fix, stated once: the CLI prints one as a
+paragraph with exit code 2 (not a traceback), and the crash explorer counts a
+restart that refuses with one as a clear refusal. Every error the project
+raises on purpose (engine, state store, sinks, CLI) derives from
+:class:`MicrobatchError`; anything else (a Polars or Arrow error, an
+``AssertionError``) is a bug."""
 
 
 class PlanError(MicrobatchError):

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from sinks.durable import fsync_dir, fsync_file, note_written
+from statestore.durable import fsync_dir, fsync_file, note_written
 
 __all__ = ["local_root", "persist_versions"]
 

@@ -46,7 +46,7 @@ import polars as pl
 
 from sinks.base import BatchContext, Sink, SinkContext
 from sinks.exceptions import SinkConfigError, SinkError
-from sinks.kafka_common import check_config, client_log, redact
+from sinks.kafka_client import check_config, client_config, create_topics, redact
 
 log = logging.getLogger("sinks.kafka")
 
@@ -189,7 +189,7 @@ class KafkaSink(Sink):
         from confluent_kafka import Consumer, KafkaException, Producer
 
         self.close()
-        base = {**self._config, "bootstrap.servers": self.bootstrap, "logger": client_log}
+        base = client_config(self._config, self.bootstrap)
         producer_cfg: dict[str, Any] = {
             "linger.ms": 20,
             "batch.size": 1_000_000,
@@ -450,26 +450,16 @@ class KafkaSink(Sink):
 
     def _ensure_commit_topic(self, base: dict[str, Any]) -> None:
         """Create the one-partition bookkeeping topic when it does not exist."""
-        from confluent_kafka import KafkaError, KafkaException
-        from confluent_kafka.admin import AdminClient, NewTopic
+        from confluent_kafka import KafkaException
 
-        admin = AdminClient(base)
-        meta = admin.list_topics(topic=self.commit_topic, timeout=_TIMEOUT_S)
-        info = meta.topics.get(self.commit_topic)
-        if info is not None and info.error is None and info.partitions:
-            return
-        futures = admin.create_topics(
-            [NewTopic(self.commit_topic, num_partitions=1, replication_factor=-1)],
-            request_timeout=_TIMEOUT_S,
-        )
         try:
-            futures[self.commit_topic].result()
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise SinkError(
-                    f"KafkaSink: cannot create the bookkeeping topic {self.commit_topic!r}: "
-                    f"{exc.args[0]}"
-                ) from None
+            create_topics(base, [self.commit_topic], partitions=1, exist_ok=True,
+                          timeout_s=_TIMEOUT_S)
+        except (KafkaException, TimeoutError) as exc:
+            reason = exc.args[0] if exc.args else exc
+            raise SinkError(
+                f"KafkaSink: cannot create the bookkeeping topic {self.commit_topic!r}: {reason}"
+            ) from None
 
 
 def _renamed(old: str, new: str) -> None:

@@ -43,8 +43,8 @@ from urllib.parse import quote
 import polars as pl
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
-from sinks.durable import fsync_dir, make_dirs, write_atomic, write_with
 from sinks.exceptions import SinkConfigError, SinkError
+from statestore.durable import fsync_dir, make_dirs, write_atomic, write_with
 
 ParquetCompression = Literal["lz4", "uncompressed", "snappy", "gzip", "brotli", "zstd"]
 

@@ -52,8 +52,8 @@ from typing import Any
 import polars as pl
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
-from sinks.durable import make_dirs, write_atomic
 from sinks.exceptions import SinkConfigError, SinkError
+from statestore.durable import make_dirs, write_atomic
 
 __all__ = ["WebhookSink"]
 

@@ -1,18 +1,20 @@
 """Versioned, keyed, columnar state for stateful stream operators.
 
 Window aggregates, sessions, dedupe and joins keep their state here: a table
-of rows with unique keys, loaded at version N-1, changed by one batch and
-committed as version N::
+of rows with unique keys, loaded at a committed version, changed by one batch
+and committed as the next version (the numbering, and how the engine maps
+batches to versions, is stated once in :mod:`statestore.contract`: batch N
+loads version N and commits N + 1)::
 
     provider = StateStoreProvider(path, {"window_start": pl.Datetime("ms", "UTC"),
                                          "card_id": pl.Int64},
                                   {"n": pl.Int64, "amount_sum": pl.Float64},
                                   time_column="window_start")
-    store = provider.load(n - 1)
+    store = provider.load(n)                  # batch n starts from version n
     old = store.lookup(batch_keys)            # one row per key, "__found"
     store.upsert(new_rows)
     closed = store.pop_expired(watermark)     # rows whose time <= watermark
-    store.commit()                            # -> n
+    store.commit()                            # -> n + 1
 
 Design: **the cost of a batch follows the batch's size, not the state's.**
 

@@ -12,6 +12,42 @@ in memory. Who calls what:
 - the provider builds a store and calls its ``load_rows``/``apply_changelog``
   (a rebuild), ``begin_batch`` (each load), ``holds_committed`` (may it reuse
   the store?) and ``close`` (replaced): nothing else of the store.
+
+**The version rule** (stated here once; every other doc points here). Version
+``v`` of a store is its rows after ``v`` commits; version 0 is the empty state
+and needs no file. ``provider.load(v)`` gives a store holding committed version
+``v`` (loading a version drops the files of newer ones: an uncommitted batch's
+orphans); ``store.commit()`` writes and returns version ``v + 1``. Loading a
+version above the newest committed one raises ``StateCorruptError``.
+
+How the engine numbers them (``microbatch/operators``):
+
+- one store per operator (window aggregates, ``drop_duplicates``,
+  ``fire_once``) and the stores of a ``StoreSet`` of sessions and
+  ``transform_with_state``: **batch N loads version N and commits version
+  N + 1**, so version N is the state after batches ``0 .. N-1``. The commit log
+  orders it: version N + 1 of every store is committed before ``commits/N``;
+  a restart that re-runs batch N loads version N again (discarding an orphaned
+  N + 1). ``provider.load(batch_id)`` in ``window_agg.py``, ``dedupe.py``,
+  ``fire_once.py``; ``StoreSet.load_all(batch_id)`` in ``session.py`` and
+  ``transform.py``.
+- stream-stream joins (``interval_join.py``, ``asof_join.py``) count **per
+  input, from the batch in which that input first had columns**: that batch id,
+  ``base``, is recorded in the input's ``meta.json``, and batch N loads version
+  ``N - base`` and commits ``N - base + 1``
+  (``operators/join_state.py`` ``InputState.version``). An input of a source
+  without a declared schema may show its columns only in a later batch, when
+  the other input's stores are already further on; the numbering is part of
+  existing checkpoints and is kept. For ``base = 0`` it is the rule above.
+
+Either way a store's version never exceeds ``N + 1`` for a batch ``N`` that has
+``offsets/N``, which is what recovery and the crash explorer check.
+
+NOTE: a known gap of the first rule (not yet fixed): it assumes the store
+exists from batch 0. Over a source without a declared schema whose first
+batch has no columns (every record malformed), those operators define their
+store in a later batch B and load version B of an empty directory, which
+raises ``StateCorruptError``; the joins' ``base`` exists for exactly this.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Durable file writes: the one implementation for ``statestore`` and ``microbatch``.
+"""Durable file writes: the one implementation for ``statestore``, ``sinks`` and
+``microbatch``.
 
 Crash safety rests on three POSIX habits, done here and nowhere else:
 
@@ -16,9 +17,11 @@ all of them in program order: ``write``, ``fsync``, ``rename``, ``unlink``,
 crash states a power loss may leave; ``note_written`` reports files that a
 library such as delta-rs wrote on its own).
 
-``sinks`` keeps a copy of this module (``sinks/durable.py``): the layering rule
-lets sinks import only their own dependencies, never ``statestore``. The two are
-kept identical (``tests/test_structure.py`` checks it).
+This module imports only the standard library, so both lower packages use it
+without importing ``microbatch``: it is the one module of ``statestore`` that
+``sinks`` may import (``tests/test_structure.py`` checks it). Its module state
+(the recorder, the per-thread :func:`without_fsync`) therefore covers every
+durable write of a query. ``sinks/durable.py`` is a deprecated alias of it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
   ``sinks``, counting every import: top level, inside functions and under
   ``TYPE_CHECKING``;
 - ``statestore`` and ``sinks`` never import ``microbatch`` (they are usable on
-  their own; the engine reaches them through small protocols);
+  their own; the engine reaches them through small protocols); of
+  ``statestore``, ``sinks`` imports only the shared foundation (the durable-write
+  layer and the error root);
 - at most 12 modules at the top of ``microbatch/``: the rest lives in rooms.
 """
 
@@ -122,16 +124,34 @@ def test_every_package_has_an_init_with_a_docstring() -> None:
             assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says nothing"
 
 
-def test_the_sinks_copy_of_the_durable_write_layer_is_identical() -> None:
-    """``sinks`` may not import ``statestore``, so it keeps a copy of
-    ``statestore/durable.py``; below the module docstring the two must not drift."""
+SINKS_MAY_IMPORT_FROM_STATESTORE = {"statestore.durable", "statestore.exceptions"}
+"""The shared foundation below both packages: the one durable-write layer and
+the one error root (``MicrobatchError``)."""
 
-    def body(path: Path) -> str:
-        tree = ast.parse(path.read_text())
-        tree.body = tree.body[1:]  # the docstring
-        return ast.unparse(tree)
 
-    assert body(ROOT / "sinks" / "durable.py") == body(ROOT / "statestore" / "durable.py")
+def test_sinks_import_only_the_shared_foundation_of_statestore() -> None:
+    """``sinks`` writes its files through ``statestore.durable`` (one durable-write
+    layer, one recorder, one fsync switch), derives its errors from the one root
+    in ``statestore.exceptions`` and uses nothing else of ``statestore``."""
+    graph = _graph()
+    reached = {
+        target
+        for name, targets in graph.items()
+        if name.split(".")[0] == "sinks"
+        for target in targets
+        if target.split(".")[0] == "statestore"
+    }
+    assert reached <= SINKS_MAY_IMPORT_FROM_STATESTORE, sorted(reached)
+
+
+def test_there_is_one_durable_write_layer() -> None:
+    """``sinks/durable.py`` is a deprecated alias, not a copy with its own state."""
+    import sinks.durable
+    import statestore.durable
+
+    assert "_recorders" not in vars(sinks.durable)
+    assert "write_atomic" not in vars(sinks.durable)
+    assert statestore.durable.write_atomic.__module__ == "statestore.durable"
 
 
 def _room(module: str) -> str:
@@ -198,3 +218,30 @@ def test_a_node_class_has_one_builder() -> None:
 
     with pytest.raises(TypeError, match="already has an operator builder"):
         builds(AggregateNode)(lambda node, operator_id, mode: None)  # type: ignore[arg-type,return-value]
+
+
+def test_every_error_class_of_the_project_has_one_root() -> None:
+    """Every exception class defined in ``microbatch``, ``statestore`` and ``sinks``
+    derives from ``MicrobatchError``, except the few named here with why."""
+    import importlib
+    import inspect
+
+    import microbatch as mb
+
+    outside = {
+        "microbatch.engine.faults.InjectedFault",  # a test's stand-in for a crash
+        "microbatch.distributed.runner._WorkerLost",  # internal: caught and retried
+    }
+    found = []
+    for name in _modules():
+        if name.endswith("__main__"):
+            continue  # runs the CLI
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if (inspect.isclass(value) and issubclass(value, BaseException)
+                    and value.__module__ == name):
+                found.append(value)
+    assert len(found) > 20
+    strays = sorted(f"{c.__module__}.{c.__qualname__}" for c in found
+                    if not issubclass(c, mb.MicrobatchError))
+    assert strays == sorted(outside)

@@ -10,11 +10,12 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from microbatch._deprecation import issue_deprecation_warning
 from microbatch.cli.display import (
     err,
     out,
 )
-from microbatch.exceptions import MicrobatchError
+from microbatch.exceptions import USER_ERRORS, MicrobatchError
 
 app = typer.Typer(
     name="microbatch",
@@ -27,7 +28,7 @@ app = typer.Typer(
 
 
 
-class CliError(Exception):
+class CliError(MicrobatchError):
     """A problem the user can fix; printed as one paragraph, exit code ``code``."""
 
     def __init__(self, message: str, code: int = 2) -> None:
@@ -41,9 +42,13 @@ def fail(message: str, code: int) -> typer.Exit:
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    from sinks.exceptions import SinkError
-
-    return (MicrobatchError, SinkError, CliError)
+    """Deprecated: use :data:`microbatch.exceptions.USER_ERRORS`."""
+    issue_deprecation_warning(
+        "microbatch.cli.common.user_errors() is renamed microbatch.exceptions.USER_ERRORS; "
+        "the old name will be removed in microbatch 0.3",
+        version="0.2.0",
+    )
+    return USER_ERRORS
 
 
 # ------------------------------------------------------------------ globals

@@ -12,12 +12,13 @@ import typer
 from rich.live import Live
 from rich.markup import escape
 
-from microbatch.cli.common import fail, user_errors
+from microbatch.cli.common import fail
 from microbatch.cli.display import (
     err,
     fmt_ms_time,
     out,
 )
+from microbatch.exceptions import USER_ERRORS
 
 # ------------------------------------------------------------------ status
 
@@ -57,7 +58,7 @@ def status(
     def document() -> dict[str, Any]:
         try:
             return status_document(checkpoint, last=last)
-        except user_errors() as exc:
+        except USER_ERRORS as exc:
             raise fail(str(exc), 2) from None
         except OSError as exc:
             raise fail(f"cannot read checkpoint {checkpoint}: {exc}", 2) from None
@@ -114,7 +115,7 @@ def report(
 
     try:
         written = write_report(checkpoint, output)
-    except user_errors() as exc:
+    except USER_ERRORS as exc:
         raise fail(str(exc), 2) from None
     except OSError as exc:
         raise fail(f"cannot write the report to {output}: {exc}", 2) from None

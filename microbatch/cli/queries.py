@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from microbatch.api.query import StreamingQuery
 from microbatch.api.writer import DataStreamWriter
-from microbatch.cli.common import CliError, fail, parse_params, user_errors
+from microbatch.cli.common import CliError, fail, parse_params
 from microbatch.cli.display import (
     BatchLines,
     DemoTable,
@@ -29,7 +29,7 @@ from microbatch.cli.display import (
 )
 from microbatch.engine.durability import Durability
 from microbatch.engine.executors import Executor
-from microbatch.exceptions import QueryTerminatedError
+from microbatch.exceptions import USER_ERRORS, QueryTerminatedError
 from microbatch.plan.triggers import Trigger, parse_trigger
 
 POLL_S = 0.2
@@ -251,7 +251,7 @@ def run(
                                              durability=durability.value,
                                              executor=executor,
                                              state_memory_budget=state_memory_budget)
-    except user_errors() as exc:
+    except USER_ERRORS as exc:
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:
         raise fail(f"cannot start the query: {exc}", 2) from None
@@ -301,7 +301,7 @@ def demo(
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name="demo", stopper=stopper, display=display,
                                              seconds=seconds)
-    except user_errors() as exc:
+    except USER_ERRORS as exc:
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:
         raise fail(f"cannot start the demo: {exc}", 2) from None
@@ -386,7 +386,7 @@ def backfill(
                 out.print(f"restated {rows.height:,} rows where {escape(restate.predicate)} in "
                           f"{escape(restate.table.uri)} (version {version}); the other "
                           "rows are unchanged", soft_wrap=True)
-    except user_errors() as exc:
+    except USER_ERRORS as exc:
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:
         raise fail(f"cannot start the backfill: {exc}", 2) from None

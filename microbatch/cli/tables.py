@@ -13,11 +13,12 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from microbatch.cli.common import CliError, fail, parse_params, user_errors
+from microbatch.cli.common import CliError, fail, parse_params
 from microbatch.cli.display import (
     fmt_int,
     out,
 )
+from microbatch.exceptions import USER_ERRORS
 
 
 def _print_diff(result: Any, a: str, b: str) -> None:
@@ -96,7 +97,7 @@ def diff(
                                f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
         result = diff_frames(frames[0], frames[1], keys=keys, tolerance=tolerance,
                              rel_tolerance=rel_tolerance, sample=sample)
-    except user_errors() as exc:
+    except USER_ERRORS as exc:
         raise fail(str(exc), 2) from None
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), default=str) + "\n")
@@ -166,7 +167,7 @@ def lateness(
             trigger_ms=parse_duration_ms(trigger, what="--trigger"),
             min_count=min_count,
         )
-    except user_errors() as exc:
+    except USER_ERRORS as exc:
         raise fail(str(exc), 2) from None
     if plot is not None:
         profiles.plot(table, plot, title=f"lateness profile of {data.source} "

@@ -11,7 +11,9 @@
   checkpoint rather than guessing). Worth it for tiny batches on slow disks,
   where the fsyncs are most of a batch's cost.
 
-Only the query's own thread skips fsyncs: other queries in the same process
+Every checkpoint, state and file-sink write goes through
+:mod:`statestore.durable`, so one switch there sets the level. Only the query's
+own thread skips fsyncs: other queries in the same process
 keep their level. Sinks that write through their own libraries (Delta Lake,
 Kafka) keep their own durability.
 """
@@ -19,11 +21,10 @@ Kafka) keep their own durability.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Literal
 
-import sinks.durable
-import statestore.durable
+from statestore.durable import without_fsync
 
 __all__ = ["DURABILITY_LEVELS", "Durability", "durability_level"]
 
@@ -34,8 +35,8 @@ DURABILITY_LEVELS: tuple[Durability, ...] = ("fsync", "process")
 @contextmanager
 def durability_level(level: Durability) -> Iterator[None]:
     """Run the block (the query's batches) at ``level`` in the calling thread."""
-    with ExitStack() as stack:
-        if level == "process":
-            stack.enter_context(statestore.durable.without_fsync())
-            stack.enter_context(sinks.durable.without_fsync())
+    if level == "process":
+        with without_fsync():  # the one durable-write layer: state, checkpoint and sinks
+            yield
+    else:
         yield

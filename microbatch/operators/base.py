@@ -78,7 +78,9 @@ class StatefulOperator(ABC):
 
     Batch N loads state version N, stages changes, and the engine calls
     ``commit()`` (version N+1) after the sink accepted the batch, or
-    ``abort()`` when the batch failed.
+    ``abort()`` when the batch failed. (Stream-stream joins count each input's
+    versions from its first batch: the version rule is in
+    :mod:`statestore.contract`.)
     """
 
     operator_id: str = "op"

@@ -2,10 +2,11 @@
 
 Each input of a join keeps its own state directory with the input's column
 types (``schema.arrow``) and ``meta.json``: the batch id at which the input
-was first seen (``base``). Store versions count from there (version
-``batch_id - base``), because an input whose source declares no schema may
-show its columns only in a later batch, when the other input's stores are
-already at a higher version.
+was first seen (``base``). Store versions count from there (batch N loads
+version ``N - base``, commits ``N - base + 1``), because an input whose source
+declares no schema may show its columns only in a later batch, when the other
+input's stores are already at a higher version. The version rule of every
+operator is stated once in :mod:`statestore.contract`.
 """
 
 from __future__ import annotations

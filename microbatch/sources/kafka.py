@@ -65,7 +65,7 @@ from microbatch.sources.base import (
 )
 from microbatch.sources.kafka_decode import decode_values
 from microbatch.types import DataLossMode, KafkaFormat, StartingOffsets
-from sinks.kafka_common import check_config, client_log, redact
+from sinks.kafka_client import check_config, client_config, redact
 
 log = logging.getLogger("microbatch.sources.kafka")
 
@@ -294,7 +294,7 @@ class KafkaSource(Source):
     # ------------------------------------------------------------------ lifecycle
 
     def _client_config(self) -> dict[str, Any]:
-        return {**self._config, "bootstrap.servers": self.bootstrap, "logger": client_log}
+        return client_config(self._config, self.bootstrap)
 
     def open(self, ctx: SourceContext) -> None:
         """Create the consumer and admin clients (no broker contact yet)."""

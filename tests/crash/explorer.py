@@ -4,12 +4,12 @@ a power loss may leave, recover from each and check the result.
 In the spirit of ALICE (Pillai et al., OSDI 2014) and CrashMonkey: SIGKILL
 keeps the page cache, so the kill tests never see what a machine that loses
 power leaves on disk. Here the job runs once with a recorder on the durable
-write layer (``statestore/durable.py`` and its copy ``sinks/durable.py``: the
-only places that write, rename, unlink or fsync durable files; delta-rs's own
-writes are reported there by the Delta sink). Then, for each crash point (a
-prefix of the recorded operations), the explorer builds the states the
-persistence model below allows, writes each onto the job's directories,
-restarts the job and checks it.
+write layer (``statestore/durable.py``: the only place that writes, renames,
+unlinks or fsyncs durable files, for the checkpoint, the state stores and the
+sinks alike; delta-rs's own writes are reported there by the Delta sink).
+Then, for each crash point (a prefix of the recorded operations), the explorer
+builds the states the persistence model below allows, writes each onto the
+job's directories, restarts the job and checks it.
 
 The persistence model (POSIX promises no more; real file systems often keep
 more, e.g. ext4's ordered journal):
@@ -38,7 +38,8 @@ Checks for each distinct state:
 1. no state store version is ahead of the write-ahead log (version ``N+1``
    exists only when ``offsets/N`` does);
 2. the restarted job either completes or refuses with the project's own error
-   class naming a file (:class:`microbatch.MicrobatchError`); anything else
+   class naming a file (``microbatch.exceptions.USER_ERRORS``, the errors the
+   CLI reports as the user's to fix); anything else
    (a Polars or Arrow error from a torn file, a crash) is a failure;
 3. after a completed restart, the output equals the one-shot Polars result:
    every row once, none lost (``harness.verify``), and no state store version
@@ -64,14 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
 import harness
 import reliability_job
 
-import microbatch as mb
-import sinks.durable
 import statestore.durable
-from sinks.exceptions import SinkError
-from statestore.exceptions import StateStoreError
-
-CLEAR_ERRORS = (mb.MicrobatchError, SinkError, StateStoreError)
-"""The project's own error classes: a refusal with one of them names what and the fix."""
+from microbatch.exceptions import USER_ERRORS
 
 ENTRY_KINDS = ("write", "wrote", "rename", "unlink", "mkdir")
 """Operations on a directory's names (persisted by an fsync of that directory)."""
@@ -147,8 +142,8 @@ class Trace:
 
 @contextmanager
 def recording(trace: Trace) -> Iterator[Trace]:
-    """Record both copies of the durable layer into ``trace``."""
-    with statestore.durable.recording(trace), sinks.durable.recording(trace):
+    """Record the durable-write layer's operations into ``trace``."""
+    with statestore.durable.recording(trace):
         yield trace
 
 
@@ -526,7 +521,7 @@ def check_state(spec: harness.JobSpec, work: Path) -> str | None:
         return f"state ahead of the write-ahead log: {wrong}"
     try:
         run_job(spec, work)
-    except CLEAR_ERRORS as exc:
+    except USER_ERRORS as exc:
         return f"refused: {type(exc).__name__}: {exc}"
     except (KeyboardInterrupt, SystemExit):
         raise

@@ -82,19 +82,11 @@ class OwnBroker:
         self.restarts.append(time.monotonic() - t0)
 
     def new_topic(self, partitions: int = 3) -> str:
-        from confluent_kafka.admin import AdminClient, NewTopic
+        from sinks.kafka_client import create_topics
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
         name = f"f-{uuid.uuid4().hex[:10]}"
-        admin.create_topics([NewTopic(name, num_partitions=partitions,
-                                      replication_factor=1)])[name].result(30)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            meta = admin.list_topics(topic=name, timeout=10).topics.get(name)
-            if meta is not None and meta.error is None and len(meta.partitions) == partitions:
-                return name
-            time.sleep(0.05)
-        raise AssertionError(f"topic {name} did not appear")
+        create_topics(self.bootstrap, [name], partitions=partitions, replication_factor=1)
+        return name
 
 
 @pytest.fixture(scope="module")

@@ -761,23 +761,11 @@ def consume_topic(bootstrap: str, topic: str, *, read_committed: bool = True) ->
 
 
 def _create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
-    """Create the topics (if new) and wait until their partitions are known."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    """Create the topics (if new: a resumed soak finds them) and wait until their
+    partitions are known."""
+    from sinks.kafka_client import create_topics
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=1)
-                                   for n in names])
-    for future in futures.values():
-        with contextlib.suppress(KafkaException):  # it exists: a resumed soak
-            future.result(30)
-    deadline = time.monotonic() + 30
-    for name in names:
-        while time.monotonic() < deadline:
-            meta = admin.list_topics(topic=name, timeout=10).topics.get(name)
-            if meta is not None and meta.error is None and len(meta.partitions) == partitions:
-                break
-            time.sleep(0.05)
+    create_topics(bootstrap, names, partitions=partitions, replication_factor=1, exist_ok=True)
 
 
 def verify(spec: JobSpec, work: Path) -> Verdict:
