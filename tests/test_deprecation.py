@@ -132,3 +132,30 @@ def test_the_user_errors_function_is_a_deprecated_name_of_the_tuple() -> None:
     with pytest.warns(DeprecationWarning, match=r"user_errors\(\) is renamed "
                       r"microbatch\.exceptions\.USER_ERRORS"):
         assert user_errors() == USER_ERRORS
+
+
+def test_the_renamed_plan_and_engine_names_still_work() -> None:
+    """Names renamed by the operator registry (0.2.0) answer with a warning."""
+    import importlib
+
+    from microbatch.operators.registry import build_operator
+    from microbatch.plan.joins import AggregateJoinSpec
+    from microbatch.plan.nodes import AggregateJoinNode, AggregateNode, StatefulNode
+
+    nodes = importlib.import_module("microbatch.plan.nodes")
+    joins = importlib.import_module("microbatch.plan.joins")
+    sharding = importlib.import_module("microbatch.distributed.sharding")
+    with pytest.warns(DeprecationWarning, match="WindowJoinNode moved to"):
+        assert nodes.WindowJoinNode is AggregateJoinNode
+    with pytest.warns(DeprecationWarning, match="WindowJoinSpec moved to"):
+        assert joins.WindowJoinSpec is AggregateJoinSpec
+    with pytest.warns(DeprecationWarning, match="STATEFUL_NODES moved to"):
+        assert sharding.STATEFUL_NODES is StatefulNode
+    with pytest.warns(DeprecationWarning, match="microbatch.engine.executor moved to"):
+        old = importlib.import_module("microbatch.engine.executor")
+    assert old.build_operator is build_operator  # imported there, the same signature
+    with pytest.warns(DeprecationWarning, match="window_join moved to"):
+        assert old.window_join is old.aggregate_join
+    node = AggregateNode(nodes.SourceNode.__new__(nodes.SourceNode), None, ("k",), ())
+    with pytest.warns(DeprecationWarning, match="replaced by node.shard_keys"):
+        assert sharding.node_keys(node) == ("k",)

@@ -23,10 +23,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
+from microbatch._deprecation import REMOVED_IN, issue_deprecation_warning, moved_names
 from microbatch.checkpoint.files import make_dirs, read_json, write_json_atomic
 from microbatch.engine.batch_executor import SHARD_FILE
 from microbatch.exceptions import IncompatibleCheckpointError
@@ -145,3 +146,19 @@ def bind_layout(
             "start on a new checkpoint directory."
         )
     return layout
+
+
+def node_keys(node: PlanNode) -> tuple[str, ...] | None:
+    """Deprecated: ``node.shard_keys()`` (each node declares its own)."""
+    issue_deprecation_warning(
+        f"{__name__}.node_keys(node) is replaced by node.shard_keys(); the old name will be "
+        f"removed in microbatch {REMOVED_IN}",
+        version="0.2.0",
+    )
+    return node.shard_keys()
+
+if not TYPE_CHECKING:  # mypy would take every missing name for a moved one
+    __getattr__ = moved_names(
+        __name__, {"STATEFUL_NODES": "microbatch.plan.nodes:StatefulNode"}, version="0.2.0"
+    )
+    """``STATEFUL_NODES`` is the class ``StatefulNode`` (``isinstance`` works alike)."""

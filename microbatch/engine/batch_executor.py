@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from microbatch._deprecation import moved_names
 from microbatch.engine.watermark import PARTITION_COLUMN, WatermarkSpec, WatermarkTracker
 from microbatch.exceptions import IncompatibleCheckpointError, PlanError
 from microbatch.frames import collect
@@ -282,3 +283,14 @@ def input_frame(source: Source, frame: pl.DataFrame) -> pl.DataFrame:
     if frame.width == 0 and source.schema is not None:
         return source.schema.to_frame()
     return frame
+
+
+if not TYPE_CHECKING:  # mypy would take every missing name for a moved one
+    __getattr__ = moved_names(
+        __name__,
+        {
+            "window_join": "microbatch.engine.batch_executor:aggregate_join",
+        },
+        version="0.2.0",
+    )
+    """Builders live beside their operators (:mod:`microbatch.operators.registry`)."""

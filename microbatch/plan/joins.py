@@ -23,10 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 import polars as pl
 
+from microbatch._deprecation import moved_names
 from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError
 from microbatch.types import JoinHow, StaticHow
@@ -242,3 +243,10 @@ def output_columns(
         rename[name] = out
         taken.add(out)
     return [*left, *rename.values()], rename
+
+
+if not TYPE_CHECKING:  # mypy would take every missing name for a moved one
+    __getattr__ = moved_names(
+        __name__, {"WindowJoinSpec": "microbatch.plan.joins:AggregateJoinSpec"}, version="0.2.0"
+    )
+    """``WindowJoinSpec`` is ``AggregateJoinSpec``."""

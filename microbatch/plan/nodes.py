@@ -11,10 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import polars as pl
 
+from microbatch._deprecation import moved_names
 from microbatch.frames import collect
 from microbatch.plan.aggregates import AggSpec
 from microbatch.plan.event_time import WatermarkSpec
@@ -411,3 +412,10 @@ def stateful_nodes(plan: PlanNode) -> list[StatefulNode]:
 def is_aggregated(plan: PlanNode) -> bool:
     """True when ``plan`` contains a streaming aggregation."""
     return any(isinstance(node, AggregateNode) for node in plan.walk())
+
+
+if not TYPE_CHECKING:  # mypy would take every missing name for a moved one
+    __getattr__ = moved_names(
+        __name__, {"WindowJoinNode": "microbatch.plan.nodes:AggregateJoinNode"}, version="0.2.0"
+    )
+    """``WindowJoinNode`` is ``AggregateJoinNode`` (``join_window`` builds an interval join)."""
