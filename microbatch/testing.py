@@ -39,7 +39,8 @@ from microbatch.engine.batch_executor import validate_joins
 from microbatch.engine.execution import MicroBatchExecution
 from microbatch.observability.progress_schema import ProgressRecord
 from microbatch.plan.triggers import ProcessingTime
-from sinks.base import BatchContext, OutputMode, Sink
+from microbatch.types import OutputMode
+from sinks.base import BatchContext, Sink
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 

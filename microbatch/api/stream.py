@@ -42,8 +42,8 @@ from microbatch.plan.nodes import (
 from microbatch.plan.stateful import StateInput, StateOutput, TransformSpec
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import SourceContext
-from microbatch.types import JoinHow, StaticHow
-from sinks.base import OutputMode, Sink
+from microbatch.types import JoinHow, OutputMode, StaticHow
+from sinks.base import Sink
 from sinks.delta import SchemaMode
 from sinks.kafka import DeliveryGuarantee
 

@@ -19,7 +19,8 @@ from microbatch.exceptions import PlanError
 from microbatch.observability.latency import LatencyProbe, latency_columns
 from microbatch.plan.nodes import AggregateNode, PlanNode, WatermarkNode, is_aggregated
 from microbatch.plan.triggers import Trigger, parse_trigger
-from sinks.base import OutputMode, Sink
+from microbatch.types import OutputMode
+from sinks.base import Sink
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from microbatch.engine.durability import Durability
 from microbatch.engine.executors import PlanRunner
 from microbatch.exceptions import PlanError
 from microbatch.plan.nodes import PlanNode
-from sinks.base import OutputMode
+from microbatch.types import OutputMode
 
 __all__ = ["SHARDS_PER_WORKER", "RayExecutor"]
 

@@ -39,7 +39,7 @@ from microbatch.engine.durability import Durability
 from microbatch.exceptions import ExecutorError, MicrobatchError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.nodes import PlanNode
-from sinks.base import OutputMode
+from microbatch.types import OutputMode
 
 log = logging.getLogger("microbatch.distributed")
 T = TypeVar("T")

@@ -29,7 +29,7 @@ from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.faults import fault_point
 from microbatch.engine.watermark import WatermarkTracker
 from microbatch.operators.base import OperatorContext
-from sinks.base import OutputMode
+from microbatch.types import OutputMode
 
 Observation = tuple[str, dict[str, int]]
 """(watermark node id, max event time per source partition) seen by a worker."""

@@ -32,7 +32,7 @@ from microbatch.plan.nodes import (
     WatermarkNode,
 )
 from microbatch.sources.base import Source
-from sinks.base import OutputMode
+from microbatch.types import OutputMode
 
 HIDDEN = "^__mb_.*$"
 SHARD_FILE = "shards.json"

@@ -59,8 +59,8 @@ from microbatch.operators.base import OperatorContext
 from microbatch.plan.nodes import PlanNode
 from microbatch.plan.triggers import ProcessingTime, Trigger
 from microbatch.sources.base import Source, SourceContext
-from microbatch.types import Offset
-from sinks.base import OutputMode, Sink, SinkContext
+from microbatch.types import Offset, OutputMode
+from sinks.base import Sink, SinkContext
 
 log = logging.getLogger("microbatch.engine.execution")
 

@@ -25,7 +25,7 @@ from microbatch.engine.durability import Durability
 from microbatch.engine.watermark import WatermarkTracker
 from microbatch.operators.base import OperatorContext, StatefulOperator
 from microbatch.plan.nodes import PlanNode
-from sinks.base import OutputMode
+from microbatch.types import OutputMode
 
 __all__ = ["Executor", "LocalExecutor", "PlanRunner"]
 

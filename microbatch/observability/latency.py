@@ -25,7 +25,8 @@ import polars as pl
 from microbatch.exceptions import PlanError
 from microbatch.plan.event_time import event_time_ms
 from microbatch.plan.nodes import PlanNode, WatermarkNode
-from sinks.base import BatchContext, OutputMode, Sink, SinkContext
+from microbatch.types import OutputMode
+from sinks.base import BatchContext, Sink, SinkContext
 
 WINDOW_END = "window_end"
 

@@ -51,7 +51,7 @@ from microbatch.plan.nodes import AsOfJoinNode
 
 if TYPE_CHECKING:
     pass
-    from sinks.base import OutputMode
+    from microbatch.types import OutputMode
 
 RID, SLOT, VF, NEXT, N, FOUND, OLD = "__rid", "__slot", "__vf", "__next", "__n", "__found", "__old"
 HIT = "__hit"

@@ -35,7 +35,7 @@ from microbatch.plan.aggregates import TIME
 from microbatch.plan.nodes import DedupeNode
 
 if TYPE_CHECKING:
-    from sinks.base import OutputMode
+    from microbatch.types import OutputMode
     from statestore import StateStore, StateStoreProvider
 
 EXPIRES = "__expires"

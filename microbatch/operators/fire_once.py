@@ -39,7 +39,7 @@ from microbatch.plan.event_time import event_time_ms
 from microbatch.plan.nodes import FireOnceNode
 
 if TYPE_CHECKING:
-    from sinks.base import OutputMode
+    from microbatch.types import OutputMode
     from statestore import StateStore, StateStoreProvider
 
 WS = "__ws"

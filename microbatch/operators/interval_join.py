@@ -54,7 +54,7 @@ from microbatch.plan.joins import IntervalJoinSpec, output_columns
 from microbatch.plan.nodes import IntervalJoinNode
 
 if TYPE_CHECKING:
-    from sinks.base import OutputMode
+    from microbatch.types import OutputMode
     from statestore import StateStore
 
 SLOT, EXP, MATCHED = "__slot", "__exp", "__matched"

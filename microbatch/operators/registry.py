@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import StatefulOperator
 from microbatch.plan.nodes import StatefulNode
-from sinks.base import OutputMode
+from microbatch.types import OutputMode
 
 __all__ = ["Builder", "build_operator", "builds", "registered"]
 

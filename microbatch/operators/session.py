@@ -45,7 +45,7 @@ from microbatch.operators.state_schema import read_keyed_schema, write_keyed_sch
 from microbatch.plan.aggregates import TIME, AggSpec
 from microbatch.plan.event_time import ms_to_time
 from microbatch.plan.windows import SessionWindowSpec
-from sinks.base import OutputMode
+from microbatch.types import OutputMode
 
 if TYPE_CHECKING:
     from statestore import StateStore

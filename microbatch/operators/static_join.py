@@ -26,7 +26,7 @@ from microbatch.operators.base import OperatorContext, StatefulOperator, check_s
 from microbatch.operators.registry import builds
 from microbatch.plan.joins import StaticJoinSpec, StaticTable
 from microbatch.plan.nodes import StaticJoinNode
-from sinks.base import OutputMode
+from microbatch.types import OutputMode
 
 log = logging.getLogger("microbatch.plan.joins")
 

@@ -58,7 +58,7 @@ from microbatch.plan.stateful import (
 )
 
 if TYPE_CHECKING:
-    from sinks.base import OutputMode
+    from microbatch.types import OutputMode
     from statestore import StateStore
 
 __all__ = ["TransformWithState"]

@@ -65,7 +65,7 @@ from microbatch.plan.aggregates import TIME, AggSpec
 from microbatch.plan.event_time import event_time_ms, ms_to_time
 from microbatch.plan.nodes import AggregateNode
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec, assign_windows
-from sinks.base import OutputMode
+from microbatch.types import OutputMode
 
 if TYPE_CHECKING:
     from statestore import AppendBuffer, StateStore, StateStoreProvider
