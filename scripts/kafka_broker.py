@@ -448,6 +448,14 @@ def _wait_child(directory: Path) -> None:
         proc.wait()
 
 
+def _outlive(directory: Path) -> None:
+    """Let the broker of ``directory`` outlive this process (``scripts/kafka start``):
+    its Popen is dropped as finished, so nothing warns that it still runs."""
+    proc = _children.pop(directory.resolve(), None)
+    if proc is not None:
+        proc.returncode = 0  # NOTE: never waited for here: init reaps it once we exit
+
+
 # --------------------------------------------------------------------------- helper
 
 
@@ -529,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "start":
             t0 = time.monotonic()
             bootstrap = start(args.dir, timeout_s=args.timeout)
+            _outlive(args.dir)
             print(f"broker ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
             print(bootstrap)
         elif args.command == "stop":
