@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh clone:
 #   make demo   - the fraud-alert style demo on the embedded generator (no services)
-#   make test   - the whole test suite
+#   make test   - the whole test suite (on two pytest-xdist workers)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -18,10 +18,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/microbatch demo
 
+# The suite on TEST_WORKERS pytest-xdist workers (tests/conftest.py says which tests
+# share one worker); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

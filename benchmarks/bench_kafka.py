@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_kafka.py [--records 1000000] [--bootstrap HOST:PORT]
 
-Without ``--bootstrap`` it starts its own broker with ``scripts/kafka`` (in a
+Without ``--bootstrap`` it starts its own broker with ``scripts/kafka_broker.py`` (in a
 temporary directory) and stops it at the end. It writes ``--records`` JSON
 card transactions (``mb.generate`` rows, ~110 bytes each) to a fresh topic
 of ``--partitions`` partitions, then measures, each ``--repeat`` times (best
@@ -24,8 +24,8 @@ and median reported):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +44,7 @@ from microbatch.sources.base import SourceContext  # noqa: E402
 from microbatch.sources.generator import GeneratorSource  # noqa: E402
 from microbatch.sources.kafka import CONSUMER_DEFAULTS, KafkaSource  # noqa: E402
 from microbatch.sources.kafka_decode import decode_values  # noqa: E402
+from scripts.kafka_broker import running_broker  # noqa: E402
 
 SCHEMA = {"event_id": pl.Int64, "card_id": pl.Int64, "merchant": pl.String,
           "amount": pl.Float64, "event_time": pl.Datetime("ms", "UTC")}
@@ -167,15 +168,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--bootstrap", default=None)
     args = parser.parse_args()
-    broker_dir = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        broker_dir = tempfile.mkdtemp(prefix="bench-kafka-")
-        subprocess.run(["bash", str(ROOT / "scripts" / "kafka"), "fetch"], check=True,
-                       capture_output=True)
-        bootstrap = subprocess.run(["bash", str(ROOT / "scripts" / "kafka"), "start", broker_dir],
-                                   check=True, capture_output=True, text=True).stdout.strip()
-    try:
+    with contextlib.ExitStack() as stack:
+        bootstrap = args.bootstrap
+        if bootstrap is None:
+            bootstrap = stack.enter_context(running_broker()).bootstrap
         topic = f"bench-{uuid.uuid4().hex[:8]}"
         n = args.records
         produced = produce(bootstrap, topic, n, args.partitions)
@@ -205,10 +201,6 @@ def main() -> int:
             align="lrrrr")))
         print(f"\ndecode only (JSON -> 5 typed columns, incl. ISO datetimes): "
               f"{min(decode):.2f} s per million records (median {median(decode):.2f})")
-    finally:
-        if broker_dir is not None:
-            subprocess.run(["bash", str(ROOT / "scripts" / "kafka"), "stop", broker_dir],
-                           check=False, capture_output=True)
     return 0
 
 

@@ -4,7 +4,7 @@
 Runs the same workloads, on the same generated data, on this engine, on
 Spark Structured Streaming (PySpark, ``local[2]``, 2 shuffle partitions),
 Bytewax and Quix Streams (over a local Kafka broker started with
-``scripts/kafka``, which also serves Q5, where every engine reads one
+``scripts/kafka_broker.py``, which also serves Q5, where every engine reads one
 3-partition topic), and on the one-shot Polars computation of the same
 result (the limit). Each engine runs in a fresh process, interleaved,
 repeated (median of 3 and spread; ``--quick``: 1 process), and every process
@@ -79,6 +79,7 @@ from benchmarks.compare_engines import (
 )
 from benchmarks.compare_summary import HEADLINE, measurement
 from benchmarks.harness import PHASES, fmt_num, markdown_table, median, ratio, run_process
+from scripts.kafka_broker import BrokerError, LocalBroker
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "compare"
@@ -204,7 +205,7 @@ def versions() -> dict[str, str]:
 
 @dataclass
 class Broker:
-    """A broker from ``scripts/kafka`` (started by us, stopped by us)."""
+    """A broker from ``scripts/kafka_broker.py`` (started by us, stopped by us)."""
 
     bootstrap: str | None = None
     error: str | None = None
@@ -212,31 +213,16 @@ class Broker:
     topics: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
-        script = ["bash", str(ROOT / "scripts" / "kafka")]
-        env = {**os.environ, "MICROBATCH_PYTHON": sys.executable}
         try:
-            fetch = subprocess.run([*script, "fetch"], capture_output=True, text=True,
-                                   timeout=900, check=False, env=env)
-            if fetch.returncode:
-                self.error = f"scripts/kafka fetch failed: {_last_line(fetch.stderr)}"
-                return
-            BROKER_DIR.mkdir(parents=True, exist_ok=True)
-            proc = subprocess.run([*script, "start", str(BROKER_DIR)], capture_output=True,
-                                  text=True, timeout=300, check=False, env=env)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            self.error = f"scripts/kafka: {type(exc).__name__}: {exc}"
+            self.bootstrap = LocalBroker(BROKER_DIR).start()
+        except (BrokerError, OSError) as exc:
+            self.error = f"the Kafka broker did not start: {_last_line(str(exc))}"
             return
-        if proc.returncode:
-            self.error = f"scripts/kafka start failed: {_last_line(proc.stderr)}"
-            return
-        self.bootstrap = proc.stdout.strip().splitlines()[-1]
         self.started = True
 
     def stop(self) -> None:
         if self.started:
-            subprocess.run(["bash", str(ROOT / "scripts" / "kafka"), "stop", str(BROKER_DIR)],
-                           capture_output=True, timeout=120, check=False,
-                           env={**os.environ, "MICROBATCH_PYTHON": sys.executable})
+            LocalBroker(BROKER_DIR).stop()
 
     def topic_for(self, ds: data.EventFiles, partitions: int = 1) -> str:
         """A topic of ``partitions`` partitions with ``ds``'s rows in arrival order
@@ -1000,7 +986,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(s.kafka_partitions for s in specs) or (
             "quix" in engines and "quix" not in skipped_peers
             and any(("quix", s.name) not in NOT_APPLICABLE for s in specs)):
-        print("starting a Kafka broker (scripts/kafka) for Quix Streams and Q5 ...", flush=True)
+        print("starting a Kafka broker for Quix Streams and Q5 ...", flush=True)
         plan.broker.start()
         if plan.broker.error:
             skipped_peers["quix"] = plan.broker.error

@@ -2,8 +2,8 @@
 
     .venv/bin/python -m benchmarks.fraud_latency [--seconds 60] [--rate 300] [--bootstrap H:P]
 
-Without ``--bootstrap`` it starts its own Kafka broker (``scripts/kafka``) in a
-temporary directory. For each trigger (``1s``, then back-to-back batches) it:
+Without ``--bootstrap`` it starts its own Kafka broker (``scripts/kafka_broker.py``) in
+a temporary directory. For each trigger (``1s``, then back-to-back batches) it:
 
 1. starts a webhook receiver (``microbatch.tools.receiver``, its own process)
    that logs the wall-clock time each alert's first POST arrives;
@@ -26,6 +26,7 @@ Prints a Markdown table (p50, p90, p99, max per trigger) and writes it to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -41,24 +42,12 @@ import numpy as np
 import polars as pl
 
 from benchmarks.harness import markdown_table
+from scripts.kafka_broker import running_broker
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "jobs" / "fraud_alerts.py"
 OUT = Path(__file__).resolve().parent / "results" / "fraud_latency.md"
 MINUTE_MS = 60_000
-
-
-def start_broker() -> tuple[str, str]:
-    broker_dir = tempfile.mkdtemp(prefix="bench-latency-kafka-")
-    kafka = ["bash", str(ROOT / "scripts" / "kafka")]
-    subprocess.run([*kafka, "fetch"], check=True, stdout=subprocess.DEVNULL)
-    bootstrap = subprocess.run([*kafka, "start", broker_dir], check=True, text=True,
-                               capture_output=True).stdout.strip().splitlines()[-1]
-    return bootstrap, broker_dir
-
-
-def stop_broker(broker_dir: str) -> None:
-    subprocess.run(["bash", str(ROOT / "scripts" / "kafka"), "stop", broker_dir], check=False)
 
 
 def create_topic(bootstrap: str, topic: str) -> None:
@@ -209,15 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=5.0)
     parser.add_argument("--triggers", default="1s,0s")
     args = parser.parse_args(argv)
-    broker_dir = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        bootstrap, broker_dir = start_broker()
-    try:
+    with contextlib.ExitStack() as stack:
+        bootstrap = args.bootstrap
+        if bootstrap is None:
+            bootstrap = stack.enter_context(running_broker()).bootstrap
         rows = [run_one(t, bootstrap, args) for t in args.triggers.split(",")]
-    finally:
-        if broker_dir is not None:
-            stop_broker(broker_dir)
     text = table(rows, args)
     print(text)
     OUT.parent.mkdir(parents=True, exist_ok=True)

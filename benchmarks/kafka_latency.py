@@ -78,9 +78,9 @@ if str(ROOT) not in sys.path:  # also when the CLI loads this file as the job
     sys.path.insert(0, str(ROOT))
 
 import microbatch as mb  # noqa: E402
-from benchmarks.fraud_latency import start_broker, stop_broker  # noqa: E402
 from benchmarks.harness import markdown_table, percentile  # noqa: E402
 from benchmarks.measure import machine_info  # noqa: E402
+from scripts.kafka_broker import running_broker  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "kafka_latency.md"
 PARTITIONS = 3
@@ -730,21 +730,17 @@ def main(argv: list[str] | None = None) -> int:
                      for t in ",".join(args.triggers).split(",") if t]
     machine = machine_info()
     load = os.getloadavg()
-    broker_dir = None
-    bootstrap = args.bootstrap
-    broker_pid = None
-    if bootstrap is None:
-        bootstrap, broker_dir = start_broker()
-        broker_pid = int((Path(broker_dir) / "broker.pid").read_text())
-    try:
+    with contextlib.ExitStack() as stack:
+        bootstrap = args.bootstrap
+        broker_pid = None
+        if bootstrap is None:
+            # --keep: the broker's directory (its log) stays too
+            keep = Path(tempfile.mkdtemp(prefix="bench-latency-kafka-")) if args.keep else None
+            broker = stack.enter_context(running_broker(keep))
+            bootstrap, broker_pid = broker.bootstrap, broker.pid
         rows = [run_one(sink, trigger, rate, bootstrap=bootstrap, broker_pid=broker_pid,
                         args=args)
                 for rate in args.rate for sink in args.sinks for trigger in args.triggers]
-    finally:
-        if broker_dir is not None:
-            stop_broker(broker_dir)
-            if not args.keep:
-                shutil.rmtree(broker_dir, ignore_errors=True)
     text = report(rows, args, machine, load)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

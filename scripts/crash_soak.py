@@ -16,7 +16,7 @@ output is compared with a one-shot Polars computation (see
 ``tests/reliability/harness.py``): Parquet and Delta tables as read back, the
 Kafka output topic as a ``read_committed`` consumer sees it, the webhook's
 rows as the receiver accepted them. The Kafka variants run against a real
-broker that the soak starts (``scripts/kafka``) and stops, unless
+broker that the soak starts (``scripts/kafka_broker.py``) and stops, unless
 ``--bootstrap`` names one. The bad-input corpus of the file source runs too
 (``tests/reliability/corpus.py``). Prints Markdown tables; ``--write-docs``
 puts them into the figures section of that file. Exit code 1 when any
@@ -26,6 +26,7 @@ output is not exact or any bad input lost a record.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -46,6 +47,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "reliability")]
 
 import corpus  # noqa: E402  (the harness lives next to the tests that use it)
 import harness  # noqa: E402
+
+from scripts.kafka_broker import running_broker  # noqa: E402
 
 VARIANTS: dict[str, harness.JobSpec] = {
     "generator/tumbling/parquet": harness.JobSpec(rows=1_500_000, cap=4_000),
@@ -140,23 +143,6 @@ def run_soaks(names: list[str], kills: int, seed: int, work: Path, *, bootstrap:
     if failed:
         raise SystemExit(f"the soak of {', '.join(failed)} failed (see above)")
     return [run for run in done if run is not None]
-
-
-def start_broker(work: Path) -> str:
-    """Fetch the Kafka jars (cached) and start a broker in ``work``; its address."""
-    env = {**os.environ, "MICROBATCH_PYTHON": sys.executable}
-    script = ROOT / "scripts" / "kafka"
-    print("-- Kafka broker", flush=True)
-    subprocess.run(["bash", str(script), "fetch"], check=True, env=env, stdout=subprocess.DEVNULL)
-    done = subprocess.run(["bash", str(script), "start", str(work)], check=True, env=env,
-                          capture_output=True, text=True)
-    return done.stdout.strip()
-
-
-def stop_broker(work: Path) -> None:
-    env = {**os.environ, "MICROBATCH_PYTHON": sys.executable}
-    subprocess.run(["bash", str(ROOT / "scripts" / "kafka"), "stop", str(work)], env=env,
-                   check=False, stdout=subprocess.DEVNULL)
 
 
 def run_corpus(work: Path) -> list[corpus.CaseResult]:
@@ -343,19 +329,18 @@ def main(argv: list[str] | None = None) -> int:
     command = (f"python scripts/crash_soak.py --kills {args.kills} --seed {args.seed}"
                + "".join(f" --job {n}" for n in args.job or ())
                + (f" --jobs {args.jobs}" if args.jobs != 1 else ""))
-    broker = None
     bootstrap = args.bootstrap
     try:
-        if not bootstrap and any(VARIANTS[n].source == "kafka" or VARIANTS[n].sink == "kafka"
-                                 for n in names):
-            broker = work / "kafka-broker"
-            bootstrap = start_broker(broker)
-        soaks = run_soaks(names, args.kills, args.seed, work / "soak", bootstrap=bootstrap,
-                          jobs=args.jobs)
-        results = [] if args.no_corpus else run_corpus(work / "corpus")
+        with contextlib.ExitStack() as stack:  # the broker stops before the work dir goes
+            if not bootstrap and any(VARIANTS[n].source == "kafka" or VARIANTS[n].sink == "kafka"
+                                     for n in names):
+                print("-- Kafka broker", flush=True)
+                broker = stack.enter_context(running_broker(work / "kafka-broker"))
+                bootstrap = broker.bootstrap or ""
+            soaks = run_soaks(names, args.kills, args.seed, work / "soak", bootstrap=bootstrap,
+                              jobs=args.jobs)
+            results = [] if args.no_corpus else run_corpus(work / "corpus")
     finally:
-        if broker is not None:
-            stop_broker(broker)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     text = figures(soaks, results, args.seed, time.monotonic() - started, command)

@@ -1,6 +1,16 @@
 """A real single-node Apache Kafka broker (KRaft) for development and CI, no Docker.
 
-Run through the ``scripts/kafka`` wrapper::
+The one broker helper of the repository: the tests (``tests/kafka``), the
+benchmarks and the crash soak import it (``from scripts.kafka_broker import
+running_broker``, with the repository root on ``sys.path``)::
+
+    with running_broker() as broker:      # fetch (cached), start in a temp dir
+        use(broker.bootstrap)             # "127.0.0.1:PORT"
+    # stopped, temp dir removed
+
+:class:`LocalBroker` stops and restarts the broker of one directory on the
+same data and address (the fault tests do). From a shell, run it through the
+``scripts/kafka`` wrapper::
 
     scripts/kafka fetch              # jars from Maven Central into the cache (once)
     scripts/kafka start DIR          # format DIR, start a broker, print "127.0.0.1:PORT"
@@ -35,6 +45,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -56,6 +67,12 @@ _STARTED_LINE = "Kafka Server started"
 
 class BrokerError(RuntimeError):
     """The broker could not be fetched, started or stopped; the message says why."""
+
+
+_children: dict[Path, subprocess.Popen[bytes]] = {}
+"""The brokers this process started, by directory: :func:`stop` waits for its
+own child (no zombie, no "still running" ResourceWarning), and :func:`start`
+reaps one that was killed from outside before it starts the next."""
 
 
 # --------------------------------------------------------------------------- fetch
@@ -273,9 +290,10 @@ def _log_tail(log: Path, lines: int = 40) -> str:
 def start(directory: Path, *, timeout_s: float = READY_TIMEOUT_S) -> str:
     """Start (or find running) the broker of ``directory``; return its bootstrap address.
 
-    Guarantees on return: the broker process runs detached from the caller
-    (its own session), ``directory/broker.pid`` holds its pid, and a client
-    has listed its topics. On failure the broker process is stopped and
+    Guarantees on return: the broker process runs in its own session (a
+    signal to the caller's process group does not reach it),
+    ``directory/broker.pid`` holds its pid, and a client has listed its
+    topics; :func:`stop` in this process also reaps it. On failure the broker process is stopped and
     :class:`BrokerError` carries the end of ``broker.log``.
     """
     directory = directory.resolve()
@@ -290,6 +308,8 @@ def start(directory: Path, *, timeout_s: float = READY_TIMEOUT_S) -> str:
     java = _java()
     classpath = f"{lib}/*"
     data = directory / "data"
+    # a broker of ours that was killed from outside holds its ports until reaped
+    _wait_child(directory)
     ports_file = directory / "ports.json"
     ports = json.loads(ports_file.read_text()) if ports_file.exists() else {}
     port, controller = ports.get("port"), ports.get("controller")
@@ -320,6 +340,7 @@ def start(directory: Path, *, timeout_s: float = READY_TIMEOUT_S) -> str:
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, cwd=directory,
         )
+    _children[directory] = proc
     (directory / "broker.pid").write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + timeout_s
     have_client = _has_client()
@@ -381,6 +402,7 @@ def stop(directory: Path, *, grace_s: float = STOP_GRACE_S) -> bool:
     directory = directory.resolve()
     pid = running_pid(directory)
     if pid is None:
+        _wait_child(directory)  # killed from outside: our child is a zombie
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
@@ -397,12 +419,102 @@ def stop(directory: Path, *, grace_s: float = STOP_GRACE_S) -> bool:
                 break
             time.sleep(0.05)
     (directory / "broker.pid").unlink(missing_ok=True)
+    _wait_child(directory)
     return True
 
 
 def _reap(pid: int) -> None:
+    for proc in _children.values():
+        if proc.pid == pid:  # our own child: its Popen reaps it
+            proc.poll()
+            return
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def _wait_child(directory: Path) -> None:
+    """Reap the broker this process started in ``directory``, which is exiting or gone.
+
+    NOTE: a JVM's main thread shows as a zombie while its other threads still
+    exit, and only then can it be reaped: so wait, not poll (SIGKILL after the
+    grace period, never leaving a child unreaped)."""
+    proc = _children.pop(directory, None)
+    if proc is None:
+        return
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _outlive(directory: Path) -> None:
+    """Let the broker of ``directory`` outlive this process (``scripts/kafka start``):
+    its Popen is dropped as finished, so nothing warns that it still runs."""
+    proc = _children.pop(directory.resolve(), None)
+    if proc is not None:
+        proc.returncode = 0  # NOTE: never waited for here: init reaps it once we exit
+
+
+# --------------------------------------------------------------------------- helper
+
+
+class LocalBroker:
+    """The broker kept in ``directory``: started, stopped and restarted on the same
+    data and, when its ports are still free, the same address.
+
+    ``bootstrap`` is the address of the last :meth:`start` (``None`` before), and
+    ``start_seconds`` how long that start took.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory).resolve()
+        self.bootstrap: str | None = None
+        self.start_seconds = 0.0
+
+    def start(self, *, timeout_s: float = READY_TIMEOUT_S) -> str:
+        """Start the broker (see :func:`start`), fetching the jars first if needed;
+        its address. Raises :class:`BrokerError`."""
+        t0 = time.monotonic()
+        self.bootstrap = start(self.directory, timeout_s=timeout_s)
+        self.start_seconds = time.monotonic() - t0
+        return self.bootstrap
+
+    def stop(self, *, grace_s: float = STOP_GRACE_S) -> bool:
+        """Stop the broker (see :func:`stop`); ``True`` when one was running."""
+        return stop(self.directory, grace_s=grace_s)
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's JVM process id while it runs."""
+        return running_pid(self.directory)
+
+
+@contextlib.contextmanager
+def running_broker(
+    directory: Path | None = None, *, timeout_s: float = READY_TIMEOUT_S
+) -> Iterator[LocalBroker]:
+    """A broker for the ``with`` block, stopped (SIGCONT first, in case it was left
+    frozen) when the block ends.
+
+    ``directory`` keeps its data and log; without one, a new temporary directory
+    is used and removed afterwards. Raises :class:`BrokerError` when the jars
+    cannot be fetched or the broker does not start.
+    """
+    own = directory is None
+    where = Path(tempfile.mkdtemp(prefix="mb-kafka-")) if own else Path(directory)
+    broker = LocalBroker(where)
+    try:
+        broker.start(timeout_s=timeout_s)
+        yield broker
+    finally:
+        pid = broker.pid
+        if pid is not None:  # SIGTERM would not reach a SIGSTOPped JVM
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        broker.stop()
+        if own:
+            shutil.rmtree(where, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -425,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "start":
             t0 = time.monotonic()
             bootstrap = start(args.dir, timeout_s=args.timeout)
+            _outlive(args.dir)
             print(f"broker ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
             print(bootstrap)
         elif args.command == "stop":

@@ -1,13 +1,61 @@
-"""Shared fixtures: small factories with sensible defaults."""
+"""Shared fixtures: small factories with sensible defaults, and the split of the
+suite over pytest-xdist workers.
+
+``make test`` runs the suite on two xdist workers: a test runs on whichever
+worker is free, except the tests of a group in :data:`GROUPS`, which run one
+after another on one worker because they share something expensive or
+exclusive (a Ray cluster, a module's own broker). Session fixtures (the Kafka
+broker, the S3 server) are per worker: each worker has its own
+``tmp_path_factory`` base directory and picks free ports.
+"""
 
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 _names = itertools.count()
+
+GROUPS = {
+    # one local Ray cluster (2-3 s to start, 2 CPUs' worth of workers) serves every
+    # scale-out test; test_ray_clusters also checks that no raylet outlives a job,
+    # which only holds when no other Ray test runs beside it
+    "tests/distributed/": "ray",
+    # a module fixture: the broker these tests kill and freeze
+    "tests/kafka/test_broker_faults.py": "kafka-faults",
+    # a module fixture: the reference output of every determinism query
+    "tests/engine/test_determinism.py": "determinism",
+}
+"""Node id prefix (from the repository root) -> the group whose tests share a worker."""
+
+
+def group_of(nodeid: str) -> str | None:
+    """The :data:`GROUPS` entry of a test, or ``None`` when it may run anywhere."""
+    for prefix, group in GROUPS.items():
+        if nodeid.startswith(prefix):
+            return group
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Load scheduling where each test is its own unit of work, except that the
+    tests of a group are one unit (largest first, as xdist's loadscope).
+
+    NOTE: not ``--dist loadgroup`` with ``xdist_group`` marks: pytest-xdist 3.8
+    groups by rewriting ``item._nodeid``, which pytest 9 no longer reads, so
+    the marks are silently ignored there.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture

@@ -118,7 +118,10 @@ def test_processing_time_trigger_aligns_and_picks_up_new_files(
         deadline = time.monotonic() + 20
         while mb.table(table_name).height < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        pl.DataFrame({"x": [2]}).write_parquet(tmp_path / "in" / "later.parquet")
+        # as read_files asks: written under a hidden name, renamed into place (a file
+        # written in place can be listed while still empty, and admitted so)
+        pl.DataFrame({"x": [2]}).write_parquet(tmp_path / "in" / ".later.parquet")
+        (tmp_path / "in" / ".later.parquet").rename(tmp_path / "in" / "later.parquet")
         while mb.table(table_name).height < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:

@@ -2,9 +2,11 @@
 
 The session fixture :func:`kafka_broker` either reuses a broker named by
 ``MICROBATCH_KAFKA_BOOTSTRAP`` (fast local iterations: start one with
-``scripts/kafka start /tmp/kb`` and export the address), or runs
-``scripts/kafka fetch`` and ``scripts/kafka start DIR`` itself and stops the
-broker at the end of the session.
+``scripts/kafka start /tmp/kb`` and export the address), or starts one itself
+with the repository's broker helper (:mod:`scripts.kafka_broker`) and stops it
+at the end of the session. Under pytest-xdist the session is a worker's: each
+worker that runs Kafka tests has its own broker, in its own temporary directory
+on its own free ports, so topics and restarts never cross workers.
 
 Without Java the Kafka tests are skipped locally with a loud reason; with
 ``CI=true`` they fail instead: CI must never pass by skipping them.
@@ -15,13 +17,14 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from kafka_helpers import Broker, script
+from kafka_helpers import Broker
+
+from scripts.kafka_broker import BrokerError, LocalBroker
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -48,18 +51,15 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         _unavailable("no Java 17+ on PATH (needed to run the Kafka broker); install a JDK, "
                      "or set MICROBATCH_KAFKA_BOOTSTRAP to a running broker")
-    directory = tmp_path_factory.mktemp("kafka-broker")
-    t0 = time.monotonic()
+    local = LocalBroker(tmp_path_factory.mktemp("kafka-broker"))
     try:
-        script("fetch")
-        bootstrap = script("start", str(directory)).strip()
-    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        bootstrap = local.start()
+    except BrokerError as exc:
         pytest.fail(f"the Kafka broker did not start: {exc}", pytrace=False)
-    broker = Broker(bootstrap, directory, time.monotonic() - t0)
     try:
-        yield broker
+        yield Broker(bootstrap, local, local.start_seconds)
     finally:
-        script("stop", str(directory))
+        local.stop()
 
 
 @pytest.fixture

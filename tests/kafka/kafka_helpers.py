@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -15,40 +13,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scripts.kafka_broker import LocalBroker
+
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "kafka"
 
 
 @dataclass
 class Broker:
-    """The session's broker: its address and, when this session started it, its directory."""
+    """The session's broker: its address and, when this session started it, its handle."""
 
     bootstrap: str
-    directory: Path | None
+    local: LocalBroker | None
     start_seconds: float
 
     @property
     def restartable(self) -> bool:
         """True when the tests own the broker and may stop and start it."""
-        return self.directory is not None
+        return self.local is not None
 
     def stop(self) -> None:
-        assert self.directory is not None
-        script("stop", str(self.directory))
+        assert self.local is not None
+        self.local.stop()
 
     def start(self) -> None:
-        assert self.directory is not None
-        out = script("start", str(self.directory))
-        assert out.strip() == self.bootstrap, "the restarted broker moved to another address"
-
-
-def script(*args: str, timeout: float = 600) -> str:
-    env = {**os.environ, "MICROBATCH_PYTHON": sys.executable}
-    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"scripts/kafka {' '.join(args)} failed:\n{done.stderr[-4000:]}")
-    return done.stdout
+        assert self.local is not None
+        assert self.local.start() == self.bootstrap, \
+            "the restarted broker moved to another address"
 
 
 def produce(

@@ -1,7 +1,7 @@
 """External faults of the Kafka broker, timed to the moment that matters.
 
 The broker here is this module's own (not the session's, which other tests
-share): a real KRaft broker started by ``scripts/kafka start DIR``,
+share): a real KRaft broker started by the broker helper (``scripts.kafka_broker``),
 SIGKILLed (``kill -9`` of the JVM) or SIGSTOPped, and restarted on the same
 log directory and port. The moment comes from the engine's own lifecycle
 points (:mod:`microbatch.engine.faults`): the test wraps the function the
@@ -14,7 +14,6 @@ exactly once.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -30,11 +29,12 @@ from typing import Any
 
 import polars as pl
 import pytest
-from kafka_helpers import ROOT, consume_all, produce_json, script
+from kafka_helpers import ROOT, consume_all, produce_json
 
 import microbatch as mb
 from microbatch.engine import execution
 from microbatch.exceptions import SourceError
+from scripts import kafka_broker
 from sinks.exceptions import SinkError
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -50,9 +50,11 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 class OwnBroker:
     """A broker that only this module uses, so it may be killed and frozen."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.bootstrap = script("start", str(directory)).strip()
+    def __init__(self, local: kafka_broker.LocalBroker) -> None:
+        self.local = local
+        self.directory = local.directory
+        assert local.bootstrap is not None, "running_broker yields a started broker"
+        self.bootstrap = local.bootstrap
         self.restarts: list[float] = []
         """Seconds each restart took (from the call to a broker that answers)."""
 
@@ -77,7 +79,7 @@ class OwnBroker:
 
     def start(self) -> None:
         t0 = time.monotonic()
-        assert script("start", str(self.directory)).strip() == self.bootstrap, \
+        assert self.local.start() == self.bootstrap, \
             "the restarted broker moved to another address"
         self.restarts.append(time.monotonic() - t0)
 
@@ -96,17 +98,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnBroker]:
         if IN_CI:
             pytest.fail(f"Kafka tests cannot run in CI: {reason}", pytrace=False)
         pytest.skip(f"!!! KAFKA TESTS SKIPPED: {reason} !!!")
-    directory = tmp_path_factory.mktemp("faulty-broker")
-    script("fetch")
-    own = OwnBroker(directory)
-    try:
-        yield own
-    finally:
-        pid = (directory / "broker.pid")
-        if pid.exists():  # never leave it frozen: SIGTERM would not reach a stopped JVM
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int(pid.read_text()), signal.SIGCONT)
-        script("stop", str(directory))
+    # running_broker sends SIGCONT before it stops the broker: never left frozen
+    with kafka_broker.running_broker(tmp_path_factory.mktemp("faulty-broker")) as local:
+        yield OwnBroker(local)
 
 
 @pytest.fixture
@@ -369,11 +363,6 @@ def test_broker_frozen_past_the_transaction_timeout_during_sink_commit(
 def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: ``kafka-storage format -t -xyz...`` took the id for an option and
     the broker did not start (one fresh directory in 64)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import kafka_broker
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
     draws = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=bytes(16))])
     monkeypatch.setattr(kafka_broker.uuid, "uuid4", lambda: next(draws))
     assert kafka_broker.cluster_id() == "AAAAAAAAAAAAAAAAAAAAAA"

@@ -1,0 +1,1 @@
+"""Developer scripts; a package so that tests and benchmarks can import the broker helper."""
