@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -73,23 +72,14 @@ _topics = itertools.count()
 
 @pytest.fixture
 def new_topic(bootstrap: str) -> Callable[..., str]:
-    """Factory: ``new_topic(partitions=3)`` creates a fresh topic and returns its name."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    """Factory: ``new_topic(partitions=3)`` creates a fresh topic and returns its name
+    once the broker's metadata shows its partitions."""
+    from sinks.kafka_client import create_topics
 
     def make(partitions: int = 3, **config: str) -> str:
         name = f"t{next(_topics)}-{uuid.uuid4().hex[:8]}"
-        futures = admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)]
-        )
-        futures[name].result(30)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # metadata propagates asynchronously
-            meta = admin.list_topics(topic=name, timeout=10).topics.get(name)
-            if meta is not None and meta.error is None and len(meta.partitions) == partitions:
-                break
-            time.sleep(0.05)
+        create_topics(bootstrap, [name], partitions=partitions, replication_factor=1,
+                      topic_config=config)
         return name
 
     return make
