@@ -14,7 +14,7 @@ import explorer
 import pytest
 
 import sinks.delta_durability
-from microbatch.operators import window_agg
+from microbatch.operators import state_schema
 from statestore.durable import write_atomic
 
 pytestmark = [pytest.mark.crash]
@@ -87,14 +87,14 @@ def test_a_crash_between_the_two_state_schema_files_is_recovered(
     soak = explorer.harness.Soak(spec, tmp_path)
     soak.prepare()
     soak.land(spec.files)
-    real = window_agg.write_json_atomic
+    real = state_schema.write_json_atomic
 
     def crash_before_names(path: Path, *args: object, **kwargs: object) -> None:
         if path.name == "schema.json":
             raise OSError(5, "the machine lost power here", str(path))
         real(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(window_agg, "write_json_atomic", crash_before_names)
+    monkeypatch.setattr(state_schema, "write_json_atomic", crash_before_names)
     with pytest.raises(Exception, match="lost power"):
         explorer.run_job(spec, tmp_path)
     monkeypatch.undo()
