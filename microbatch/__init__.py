@@ -46,6 +46,7 @@ from microbatch.exceptions import (
     StateBudgetExceededError,
     TransformError,
     TriggerError,
+    UnknownColumnError,
 )
 from microbatch.plan.stateful import StateInput, StateOutput
 from microbatch.plan.triggers import AvailableNow, Once, ProcessingTime
@@ -81,6 +82,7 @@ __all__ = [
     "StreamingQuery",
     "TransformError",
     "TriggerError",
+    "UnknownColumnError",
     "__version__",
     "generate",
     "parquet_table",

@@ -33,6 +33,7 @@ __all__ = [
     "StateBudgetExceededError",
     "TransformError",
     "TriggerError",
+    "UnknownColumnError",
 ]
 
 USER_ERRORS: tuple[type[BaseException], ...] = (MicrobatchError,)
@@ -46,6 +47,25 @@ raises on purpose (engine, state store, sinks, CLI) derives from
 
 class PlanError(MicrobatchError):
     """The query cannot be built as written (wrong option, unsupported step)."""
+
+
+class UnknownColumnError(PlanError):
+    """A query names a column its stream does not have (refused when the query is
+    built, when the stream's schema is known). ``column`` is the name given,
+    ``candidates`` the closest existing names."""
+
+    def __init__(self, message: str, *, column: str, candidates: list[str]) -> None:
+        super().__init__(message)
+        self.column = column
+        self.candidates = candidates
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with the keyword fields (a query's error may cross processes)."""
+        return (_unknown_column_error, (str(self), self.column, self.candidates))
+
+
+def _unknown_column_error(message: str, column: str, candidates: list[str]) -> UnknownColumnError:
+    return UnknownColumnError(message, column=column, candidates=candidates)
 
 
 class DurationError(PlanError):

@@ -39,6 +39,7 @@ from microbatch.plan.nodes import (
     is_aggregated,
     map_batches_step,
 )
+from microbatch.plan.schemas import check_columns, column_name, output_schema
 from microbatch.plan.stateful import StateInput, StateOutput, TransformSpec
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import SourceContext
@@ -88,10 +89,52 @@ class Stream:
         """Where malformed input records go (``None``: ``chk/dead_letter/``)."""
         return self._dead_letter_sink
 
+    @property
+    def schema(self) -> pl.Schema:
+        """The columns and types of this stream's rows, known when it is built.
+
+        Derived from the source's declared schema through every step (Polars'
+        lazy schema resolution; nothing is read). Like ``LazyFrame.collect_schema()``.
+
+        Raises
+        ------
+        PlanError
+            When the schema is known only once a batch runs: a source without a
+            declared schema (pass ``schema=`` to the reader), or ``map_batches``
+            without ``schema=``.
+
+        Examples
+        --------
+        >>> tx = mb.read_memory(schema={"card": pl.Int64, "amount": pl.Float64})
+        >>> tx.with_columns(big=pl.col("amount") > 100).schema
+        Schema([('card', Int64), ('amount', Float64), ('big', Boolean)])
+        """
+        schema = output_schema(self._plan)
+        if schema is None:
+            raise PlanError(
+                "this stream's schema is known only when a batch runs: "
+                f"{_why_schema_unknown(self._plan)}"
+            )
+        return schema
+
+    def collect_schema(self) -> pl.Schema:
+        """The stream's schema (:attr:`schema`), as ``LazyFrame.collect_schema()``."""
+        return self.schema
+
+    @property
+    def columns(self) -> list[str]:
+        """The stream's column names (:attr:`schema`)."""
+        return list(self.schema)
+
+    def _known_schema(self) -> pl.Schema | None:
+        """The schema when known at build time (``None``: checks wait for a batch)."""
+        return output_schema(self._plan)
+
     def _then(self, step: Step) -> Stream:
         return self._with_plan(StepNode(self._plan, step))
 
     def _with_plan(self, plan: PlanNode) -> Stream:
+        output_schema(plan)  # refuses a misspelled column or a wrong type now
         return Stream(plan, late_sink=self._late_sink, dead_letter_sink=self._dead_letter_sink)
 
     # ---------------------------------------------------------- event time
@@ -158,7 +201,9 @@ class Stream:
         )
 
     def group_by(
-        self, *keys: str | WindowSpec | SessionWindowSpec, ttl: str | float | None = None
+        self,
+        *keys: str | pl.Expr | WindowSpec | SessionWindowSpec | Sequence[str | pl.Expr],
+        ttl: str | float | None = None,
     ) -> GroupedStream:
         """Group by an optional ``mb.window``/``mb.session_window`` and key columns.
 
@@ -171,8 +216,10 @@ class Stream:
         Parameters
         ----------
         *keys
-            Column names, and at most one ``mb.window(...)`` or
-            ``mb.session_window(...)``.
+            Column names (or ``pl.col(name)``, or a list of them, as Polars takes),
+            and at most one ``mb.window(...)`` or ``mb.session_window(...)``.
+            To group by a computed value, add it as a column first with
+            :meth:`with_columns`.
         ttl
             Without a window: forget a key's state this long (of processing time,
             the batches' recorded timestamps) after its last update, so a key space
@@ -187,7 +234,8 @@ class Stream:
         ------
         PlanError
             For a key that is neither a column name nor a window, or more than
-            one window.
+            one window; :class:`~microbatch.UnknownColumnError` for a key the
+            stream does not have (when its schema is known).
 
         Examples
         --------
@@ -229,14 +277,16 @@ class Stream:
         >>> mb.table("doc_group_by_keys").sort("k").rows()
         [('a', 3), ('b', 2)]
         """
+        keys = tuple(_flatten_keys(keys))
         windows = [k for k in keys if isinstance(k, WindowSpec | SessionWindowSpec)]
-        names = [k for k in keys if isinstance(k, str)]
-        bad = [k for k in keys if not isinstance(k, str | WindowSpec | SessionWindowSpec)]
+        names = [column_name(k, "group_by") for k in keys if isinstance(k, str | pl.Expr)]
+        bad = [k for k in keys if not isinstance(k, str | pl.Expr | WindowSpec | SessionWindowSpec)]
         if bad:
             raise PlanError(
-                f"group_by takes column names and at most one mb.window(...) or "
-                f"mb.session_window(...); got {bad!r}"
+                f"group_by takes column names (or pl.col(...)) and at most one mb.window(...) "
+                f"or mb.session_window(...); got {bad!r}"
             )
+        check_columns(self._known_schema(), names, "group_by")
         if len(windows) > 1:
             raise PlanError("group_by takes at most one window")
         ttl_ms = None if ttl is None else parse_duration_ms(ttl, what="group_by ttl")
@@ -395,6 +445,7 @@ class Stream:
         cols = (subset,) if isinstance(subset, str) else tuple(subset)
         if not cols:
             raise PlanError("drop_duplicates needs at least one column in subset")
+        check_columns(self._known_schema(), cols, "drop_duplicates subset")
         if (within is None) == (ttl is None):
             raise PlanError(
                 "drop_duplicates needs exactly one bound on the keys it remembers: "
@@ -414,13 +465,70 @@ class Stream:
         within_ms = parse_duration_ms(within, what="drop_duplicates within")
         return self._with_plan(DedupeNode(self._plan, cols, within_ms, marks[0].column))
 
+    def unique(
+        self,
+        subset: str | pl.Expr | Sequence[str | pl.Expr] | None = None,
+        *,
+        keep: Literal["first", "any"] = "first",
+        maintain_order: bool = True,
+        within: str | float | None = None,
+        ttl: str | float | None = None,
+    ) -> Stream:
+        """Polars' ``unique`` on a stream: :meth:`drop_duplicates` under the name a
+        Polars user reaches for. The first row of each key passes, in arrival
+        order; the keys seen are remembered ``within`` event time (with a
+        watermark) or for ``ttl`` of processing time.
+
+        Parameters
+        ----------
+        subset
+            The key column(s) (names or ``pl.col``); ``None``: every column.
+        keep
+            ``"first"`` (or ``"any"``, the same here). ``"last"`` and ``"none"``
+            would need the end of the stream, so they are refused.
+        maintain_order
+            Accepted for Polars compatibility; rows always keep arrival order.
+        within, ttl
+            As :meth:`drop_duplicates`: exactly one is required.
+
+        Returns
+        -------
+        Stream
+
+        Examples
+        --------
+        >>> clicks = mb.read_memory(pl.DataFrame({"id": ["a", "b", "a"], "n": [1, 2, 3]}))
+        >>> query = (
+        ...     clicks.unique("id", ttl="1d")
+        ...     .write_memory("doc_unique").start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_unique").rows()
+        [('a', 1), ('b', 2)]
+        """
+        if keep not in ("first", "any"):
+            raise PlanError(
+                f"unique(keep={keep!r}) is not possible on a stream: which row is the last "
+                "(or whether a key repeats) is known only at the end of the input. A stream "
+                "keeps the first row of each key: keep='first'"
+            )
+        if subset is None:
+            cols = list(self.schema)
+        else:
+            keys = [subset] if isinstance(subset, str | pl.Expr) else list(subset)
+            cols = [column_name(k, "unique") for k in keys]
+        return self.drop_duplicates(cols, within=within, ttl=ttl)
+
     # --------------------------------------------------------------- joins
 
     def join_interval(
         self,
         other: Stream,
         *,
-        on: str | Sequence[str],
+        on: str | Sequence[str] | None = None,
+        left_on: str | Sequence[str] | None = None,
+        right_on: str | Sequence[str] | None = None,
         left_time: str,
         right_time: str | None = None,
         lower: str | float | timedelta | None = None,
@@ -499,6 +607,7 @@ class Stream:
         """
         from microbatch.plan.nodes import IntervalJoinNode
 
+        on, other = self._join_on(other, on, left_on, right_on, "join_interval")
         spec = IntervalJoinSpec.parse(
             on,
             left_time=left_time,
@@ -514,7 +623,9 @@ class Stream:
         self,
         other: Stream,
         *,
-        on: str | Sequence[str],
+        on: str | Sequence[str] | None = None,
+        left_on: str | Sequence[str] | None = None,
+        right_on: str | Sequence[str] | None = None,
         window: WindowSpec,
         how: JoinHow = "inner",
     ) -> Stream:
@@ -593,6 +704,7 @@ class Stream:
             )
         if window.allowed_lateness_ms:
             raise PlanError("join_window does not support allowed_lateness")
+        on, other = self._join_on(other, on, left_on, right_on, "join_window")
         keys = parse_keys(on, what="join_window")
         step = window_columns_step(window)
         left, right = self._then(step), other._then(step)
@@ -608,7 +720,15 @@ class Stream:
         )
         return joined.select(*win, *keys, pl.exclude(*win, *keys))
 
-    def join(self, other: Stream, *, on: str | Sequence[str], how: JoinHow = "inner") -> Stream:
+    def join(
+        self,
+        other: Stream,
+        *,
+        on: str | Sequence[str] | None = None,
+        left_on: str | Sequence[str] | None = None,
+        right_on: str | Sequence[str] | None = None,
+        how: JoinHow = "inner",
+    ) -> Stream:
         """Join two windowed aggregations per window: ``on`` must include
         ``window_start`` (and any group keys to match).
 
@@ -683,6 +803,7 @@ class Stream:
         from microbatch.plan.joins import AggregateJoinSpec
         from microbatch.plan.nodes import AggregateJoinNode
 
+        on, other = self._join_on(other, on, left_on, right_on, "join")
         keys = parse_keys(on, what="join")
         how = parse_how(how, ("inner", "left", "right", "full"), what="join")
         windows = [_window_of(s.plan, side) for s, side in ((self, "left"), (other, "right"))]
@@ -709,7 +830,9 @@ class Stream:
         self,
         other: pl.DataFrame | str | os.PathLike[str],
         *,
-        on: str | Sequence[str],
+        on: str | Sequence[str] | None = None,
+        left_on: str | Sequence[str] | None = None,
+        right_on: str | Sequence[str] | None = None,
         how: StaticHow = "inner",
         storage_options: Mapping[str, str] | None = None,
     ) -> Stream:
@@ -755,6 +878,11 @@ class Stream:
         """
         from microbatch.plan.nodes import StaticJoinNode
 
+        if left_on is not None or right_on is not None:
+            return self._join_static_renamed(other, on=on, left_on=left_on, right_on=right_on,
+                                             how=how, storage_options=storage_options)
+        if on is None:
+            raise PlanError("join_static needs on=<column(s)>, or left_on= and right_on=")
         keys = parse_keys(on, what="join_static")
         how = parse_how(how, ("inner", "left"), what="join_static")
         table = StaticTable.of(other, dict(storage_options) if storage_options else None)
@@ -764,7 +892,9 @@ class Stream:
         self,
         dim: Stream,
         *,
-        on: str | Sequence[str],
+        on: str | Sequence[str] | None = None,
+        left_on: str | Sequence[str] | None = None,
+        right_on: str | Sequence[str] | None = None,
         time: str,
         dim_time: str = "valid_from",
         how: StaticHow = "left",
@@ -837,6 +967,7 @@ class Stream:
         """
         from microbatch.plan.nodes import AsOfJoinNode
 
+        on, dim = self._join_on(dim, on, left_on, right_on, "join_asof_table")
         keys = parse_keys(on, what="join_asof_table")
         how = parse_how(how, ("inner", "left"), what="join_asof_table")
         for name, col in (("time", time), ("dim_time", dim_time)):
@@ -865,6 +996,72 @@ class Stream:
                     "a watermark on both inputs its state would grow forever. Add "
                     f".with_watermark(<event-time column>, delay) to the {side} input."
                 )
+
+    def _join_on(
+        self,
+        other: Any,
+        on: str | Sequence[str] | None,
+        left_on: str | Sequence[str] | None,
+        right_on: str | Sequence[str] | None,
+        what: str,
+    ) -> tuple[str | Sequence[str], Any]:
+        """``on``, or Polars' ``left_on``/``right_on``: the join keys (named as on
+        this stream) and ``other`` with its keys renamed to them, so the output
+        keeps this stream's key names, as Polars' join does."""
+        if left_on is None and right_on is None:
+            if on is None:
+                raise PlanError(f"{what} needs on=<column(s)>, or left_on= and right_on=")
+            return on, other
+        if on is not None:
+            raise PlanError(f"{what}: pass on= or left_on=/right_on=, not both")
+        if left_on is None or right_on is None:
+            raise PlanError(f"{what}: left_on= and right_on= go together (or use on=)")
+        lefts = parse_keys(left_on, what=f"{what} left_on")
+        rights = parse_keys(right_on, what=f"{what} right_on")
+        if len(lefts) != len(rights):
+            raise PlanError(
+                f"{what}: left_on={list(lefts)} and right_on={list(rights)} must name as "
+                "many columns each"
+            )
+        rename = {r: lft for r, lft in zip(rights, lefts, strict=True) if r != lft}
+        if not rename:
+            return lefts, other
+        known = other.schema if isinstance(other, pl.DataFrame) else other._known_schema()
+        if known is not None:
+            check_columns(known, rights, f"{what} right_on")
+            clash = [lft for lft in rename.values() if lft in known and lft not in rename]
+            if clash:
+                raise PlanError(
+                    f"{what}: the other side already has column(s) {clash}, so its keys "
+                    f"{list(rename)} cannot take this side's names; rename them first"
+                )
+        return lefts, other.rename(rename)
+
+    def _join_static_renamed(
+        self,
+        other: pl.DataFrame | str | os.PathLike[str],
+        *,
+        on: str | Sequence[str] | None,
+        left_on: str | Sequence[str] | None,
+        right_on: str | Sequence[str] | None,
+        how: StaticHow,
+        storage_options: Mapping[str, str] | None,
+    ) -> Stream:
+        """``join_static(left_on=, right_on=)``: a DataFrame's keys are renamed; for
+        a table read from storage this stream's keys take the table's names for
+        the join and get their own back after it."""
+        if isinstance(other, pl.DataFrame):
+            keys, frame = self._join_on(other, on, left_on, right_on, "join_static")
+            return self.join_static(frame, on=keys, how=how, storage_options=storage_options)
+        keys, _ = self._join_on(None, on, left_on, right_on, "join_static")
+        assert right_on is not None
+        rights = parse_keys(right_on, what="join_static right_on")
+        there = dict(zip(keys, rights, strict=True))
+        back = {r: lft for lft, r in there.items() if r != lft}
+        joined = self.rename({k: r for k, r in there.items() if k != r}).join_static(
+            other, on=rights, how=how, storage_options=storage_options
+        )
+        return joined.rename(back)
 
     def _joined(self, other: Stream, node: PlanNode) -> Stream:
         return Stream(
@@ -1070,7 +1267,12 @@ class Stream:
         cols = [columns] if isinstance(columns, str) else list(columns)
         return self._then(expr_step("explode", "explode", (cols,), {}))
 
-    def map_batches(self, fn: Callable[[pl.DataFrame], pl.DataFrame]) -> Stream:
+    def map_batches(
+        self,
+        fn: Callable[[pl.DataFrame], pl.DataFrame],
+        *,
+        schema: Mapping[str, Any] | pl.Schema | None = None,
+    ) -> Stream:
         """Apply ``fn`` to each whole batch (escape hatch; keep ``fn`` deterministic
         so replays give the same rows).
 
@@ -1082,6 +1284,11 @@ class Stream:
         ----------
         fn
             A function ``DataFrame -> DataFrame``.
+        schema
+            The columns ``fn`` returns (as ``LazyFrame.map_batches(schema=)``): the
+            stream's schema stays known when the query is built, so later steps
+            are checked then; a batch whose result differs fails. ``None``: the
+            schema is known only when a batch runs.
 
         Returns
         -------
@@ -1109,7 +1316,7 @@ class Stream:
         """
         if not callable(fn):
             raise PlanError(f"map_batches needs a function DataFrame -> DataFrame, got {fn!r}")
-        return self._then(map_batches_step(fn))
+        return self._then(map_batches_step(fn, None if schema is None else pl.Schema(schema)))
 
     # ------------------------------------------------------------- writers
 
@@ -1649,7 +1856,7 @@ class GroupedStream:
         self._keys = keys
         self._ttl_ms = ttl_ms
 
-    def agg(self, *aggs: pl.Expr | Sequence[pl.Expr]) -> Stream:
+    def agg(self, *aggs: pl.Expr | Sequence[pl.Expr], **named_aggs: pl.Expr) -> Stream:
         """Aggregate incrementally; output columns ``window_start, window_end``
         (when windowed), the keys, then the aggregates.
 
@@ -1663,6 +1870,9 @@ class GroupedStream:
         ----------
         *aggs
             Aggregation expressions, or lists of them; output names must be unique.
+        **named_aggs
+            Aggregations named by keyword, as in Polars: ``agg(n=pl.len())`` is
+            ``agg(pl.len().alias("n"))``.
 
         Returns
         -------
@@ -1704,7 +1914,11 @@ class GroupedStream:
         microbatch.exceptions.PlanError: aggregation col("amount").median() cannot be computed
         incrementally: ...
         """
-        specs = tuple(parse_aggregations(aggs))
+        named = tuple(
+            expr.alias(name) if isinstance(expr, pl.Expr) else expr
+            for name, expr in named_aggs.items()
+        )
+        specs = tuple(parse_aggregations(aggs + named))
         node = AggregateNode(self._stream.plan, self._window, self._keys, specs, self._ttl_ms)
         return self._stream._with_plan(node)
 
@@ -1906,6 +2120,27 @@ def window_columns_step(window: WindowSpec) -> Step:
         ).drop("__ws", "__mb_t")
 
     return Step("window_columns", (window.describe(),), apply)
+
+
+def _flatten_keys(keys: Sequence[Any]) -> list[Any]:
+    """``group_by("a", "b")``, ``group_by(["a", "b"])`` and mixes, as Polars takes."""
+    flat: list[Any] = []
+    for key in keys:
+        flat.extend(key if isinstance(key, list | tuple) else [key])
+    return flat
+
+
+def _why_schema_unknown(plan: PlanNode) -> str:
+    """Which node keeps a plan's schema from being known at build time."""
+    for node in plan.walk():
+        if isinstance(node, SourceNode) and node.source.schema is None:
+            kind = node.source.describe().get("kind", "source")
+            return (f"the {kind} source has no declared schema; pass schema={{...}} to its "
+                    "reader to check columns when the query is built")
+        if isinstance(node, StepNode) and node.step.opaque and node.step.declared_schema is None:
+            return ("map_batches(fn) returns columns only fn knows; declare them with "
+                    "map_batches(fn, schema={...})")
+    return "a step's output depends on data (see explain())"
 
 
 def stream_of(source: Any) -> Stream:

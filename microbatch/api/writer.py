@@ -228,8 +228,10 @@ def validate_aggregations(plan: PlanNode, mode: OutputMode) -> None:
             if mode == "append":
                 raise PlanError(
                     "output_mode='append' cannot emit a group_by without a window: a key's "
-                    "result is never final. Use output_mode='update' or 'complete', or group "
-                    "by mb.window(...) with a watermark."
+                    "result is never final. Pass output_mode='update' or 'complete' to the "
+                    "writer, e.g. .write_delta(path, output_mode='update') or "
+                    ".write_memory(name, output_mode='complete'), or group by "
+                    "mb.window(...) with a watermark."
                 )
             continue
         column = node.window.column
@@ -237,8 +239,9 @@ def validate_aggregations(plan: PlanNode, mode: OutputMode) -> None:
             raise PlanError(
                 f"output_mode={mode!r} with a window on {column!r} needs "
                 f".with_watermark({column!r}, delay) before group_by: without a watermark "
-                "windows never close, so state grows forever. Add a watermark, or use "
-                "output_mode='update'."
+                "windows never close, so state grows forever. Add a watermark, or pass "
+                "output_mode='update' to the writer (e.g. .write_memory(name, "
+                "output_mode='update'))."
             )
 
 

@@ -201,6 +201,18 @@ class StaticTable:
             )
         return cls(path=path, kind="parquet")
 
+    def known_schema(self) -> pl.Schema | None:
+        """The table's schema when it is known without reading rows: a
+        DataFrame's, or a Parquet file's footer (the first file of a directory);
+        ``None`` for a Delta table (its schema may change between batches)."""
+        if self.frame is not None:
+            return self.frame.schema
+        if self.kind != "parquet" or self.path is None:
+            return None
+        root = Path(self.path)
+        first = root if root.is_file() else next(iter(sorted(root.rglob("*.parquet"))), None)
+        return None if first is None else pl.Schema(pl.read_parquet_schema(first))
+
     def describe(self) -> dict[str, Any]:
         if self.kind == "frame":
             assert self.frame is not None

@@ -20,10 +20,12 @@ from microbatch.frames import collect
 from microbatch.plan.aggregates import AggSpec
 from microbatch.plan.event_time import WatermarkSpec
 from microbatch.plan.joins import (
+    SUFFIX,
     AggregateJoinSpec,
     AsOfJoinSpec,
     IntervalJoinSpec,
     StaticJoinSpec,
+    output_columns,
 )
 from microbatch.plan.stateful import TransformSpec
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec
@@ -47,6 +49,14 @@ class PlanNode(ABC):
         yield self
         for child in self.children:
             yield from child.walk()
+
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        """This node's output schema from its children's (``inputs``, in order);
+        ``None`` when it is known only once a batch runs. Raises
+        :class:`~microbatch.exceptions.PlanError` when the node cannot apply to
+        its inputs (a column it names is missing). See
+        :func:`microbatch.plan.schemas.output_schema`."""
+        return None
 
     def shard_keys(self) -> tuple[str, ...] | None:
         """The columns whose rows of one value this node needs in one place
@@ -110,6 +120,12 @@ class SourceNode(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return ()
 
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        schema = self.source.schema
+        if schema is None:
+            return None
+        return pl.Schema({k: v for k, v in schema.items() if not k.startswith("__mb_")})
+
     def label(self) -> str:
         desc = self.source.describe()
         rest = ", ".join(f"{k}={v}" for k, v in desc.items() if k != "kind" and v is not None)
@@ -123,6 +139,10 @@ class Step:
     name: str
     args: tuple[Any, ...]
     apply: Callable[[pl.LazyFrame], pl.LazyFrame] = field(compare=False, repr=False)
+    opaque: bool = False
+    """The step runs user code on collected rows (``map_batches``): its output
+    schema is ``declared_schema``, or unknown until a batch runs."""
+    declared_schema: pl.Schema | None = field(default=None, compare=False)
 
     def label(self) -> str:
         shown = ", ".join(_short(a) for a in self.args)
@@ -146,12 +166,22 @@ class StepNode(PlanNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.schemas import derive_step_schema
+
+        if self.step.opaque:
+            return self.step.declared_schema
+        return derive_step_schema(self.step.label(), self.step.apply, inputs[0])
+
     def label(self) -> str:
         return self.step.label()
 
 
-def map_batches_step(fn: Callable[[pl.DataFrame], pl.DataFrame]) -> Step:
-    """The escape hatch: ``fn`` sees each batch as one whole ``DataFrame``."""
+def map_batches_step(
+    fn: Callable[[pl.DataFrame], pl.DataFrame], schema: pl.Schema | None = None
+) -> Step:
+    """The escape hatch: ``fn`` sees each batch as one whole ``DataFrame``;
+    ``schema`` declares its output (checked on every batch when given)."""
 
     def apply(lf: pl.LazyFrame) -> pl.LazyFrame:
         out = fn(collect(lf))
@@ -160,9 +190,14 @@ def map_batches_step(fn: Callable[[pl.DataFrame], pl.DataFrame]) -> Step:
                 f"map_batches function {_short(fn)} returned {type(out).__name__}; "
                 "it must return a polars DataFrame"
             )
+        if schema is not None and out.schema != schema:
+            raise TypeError(
+                f"map_batches function {_short(fn)} returned columns {dict(out.schema)}; "
+                f"it declared schema={dict(schema)}"
+            )
         return out.lazy()
 
-    return Step("map_batches", (fn,), apply)
+    return Step("map_batches", (fn,), apply, opaque=True, declared_schema=schema)
 
 
 def expr_step(name: str, method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Step:
@@ -186,6 +221,12 @@ class WatermarkNode(PlanNode):
     @property
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
+
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.schemas import check_event_time_column
+
+        check_event_time_column(inputs[0], self.spec.column, "with_watermark")
+        return inputs[0]
 
     def label(self) -> str:
         idle = f", idle_timeout={self.spec.idle_timeout_ms}ms" if self.spec.idle_timeout_ms else ""
@@ -219,6 +260,28 @@ class AggregateNode(StatefulNode):
         aggs = ", ".join(f"{a.kind}({a.column or ''}) as {a.output}" for a in self.aggs)
         return f"Aggregate[{win}keys={list(self.keys)}]({aggs})"
 
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        """``window_start, window_end`` (typed like the window's column), the keys,
+        the aggregates; ``revision`` last when the window has an allowed lateness
+        (present in append mode, the default)."""
+        from microbatch.plan.aggregates import TIME
+        from microbatch.plan.schemas import check_columns, check_event_time_column
+
+        schema = inputs[0]
+        out: dict[str, pl.DataType] = {}
+        if self.window is not None:
+            check_event_time_column(schema, self.window.column, "group_by window")
+            out["window_start"] = out["window_end"] = schema[self.window.column]
+        check_columns(schema, self.keys, "group_by")
+        check_columns(schema, [a.column for a in self.aggs if a.column], "agg")
+        out.update({k: schema[k] for k in self.keys})
+        frame = schema.to_frame().with_columns(pl.lit(0, pl.Int64).alias(TIME))
+        partials = frame.select([e for a in self.aggs for e in a.partials(schema)])
+        out.update(partials.select([a.finalize() for a in self.aggs]).schema)
+        if isinstance(self.window, WindowSpec) and self.window.allowed_lateness_ms:
+            out["revision"] = pl.Int64()
+        return pl.Schema(out)
+
     def output_keys(self) -> list[str]:
         """Columns that identify an output row (for update-mode sinks)."""
         win = ["window_start", "window_end"] if self.window is not None else []
@@ -251,6 +314,13 @@ class FireOnceNode(StatefulNode):
     def shard_keys(self) -> tuple[str, ...]:
         return self.child.keys
 
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.schemas import derive_step_schema
+
+        schema = pl.Schema({k: v for k, v in inputs[0].items() if k != "revision"})
+        derive_step_schema("fire_once condition", lambda lf: lf.filter(self.condition), schema)
+        return pl.Schema({**schema, "revision": pl.Int64()}) if self.corrections else schema
+
     def describe_node(self) -> str:
         more = ", with corrections" if self.corrections else ""
         return f"FireOnce(when {self.condition}{more})"
@@ -272,6 +342,12 @@ class TransformNode(StatefulNode):
 
     def shard_keys(self) -> tuple[str, ...]:
         return self.spec.keys
+
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.schemas import check_columns
+
+        check_columns(inputs[0], self.spec.keys, "transform_with_state keys")
+        return self.spec.output_schema
 
     def describe_node(self) -> str:
         fn = getattr(self.spec.fn, "__qualname__", type(self.spec.fn).__name__)
@@ -299,6 +375,12 @@ class DedupeNode(StatefulNode):
 
     def shard_keys(self) -> tuple[str, ...]:
         return self.subset
+
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.schemas import check_columns
+
+        check_columns(inputs[0], self.subset, "drop_duplicates subset")
+        return inputs[0]
 
     def describe_node(self) -> str:
         if self.ttl_ms is not None:
@@ -328,6 +410,17 @@ class IntervalJoinNode(StatefulNode):
     def shard_keys(self) -> tuple[str, ...]:
         return self.spec.on
 
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.schemas import check_columns, check_event_time_column
+
+        left, right = inputs
+        s = self.spec
+        check_columns(left, s.on, "join key (this stream)")
+        check_columns(right, s.on, "join key (the other stream)")
+        check_event_time_column(left, s.left_time, "join left_time")
+        check_event_time_column(right, s.right_time, "join right_time")
+        return joined_schema(left, right, s.on)
+
     def describe_node(self) -> str:
         s = self.spec
         return (
@@ -353,6 +446,14 @@ class AggregateJoinNode(PlanNode):
     def shard_keys(self) -> tuple[str, ...]:
         return self.spec.on
 
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.schemas import check_columns
+
+        left, right = inputs
+        check_columns(left, self.spec.on, "join key (this stream)")
+        check_columns(right, self.spec.on, "join key (the other stream)")
+        return joined_schema(left, right, self.spec.on, self.spec.suffix)
+
     def label(self) -> str:
         return f"AggregateJoin[{self.spec.how}](on={list(self.spec.on)})"
 
@@ -373,6 +474,17 @@ class AsOfJoinNode(StatefulNode):
 
     def shard_keys(self) -> tuple[str, ...]:
         return self.spec.on
+
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.schemas import check_columns, check_event_time_column
+
+        events, dim = inputs
+        s = self.spec
+        check_columns(events, s.on, "join_asof_table key (events)")
+        check_columns(dim, s.on, "join_asof_table key (dimension)")
+        check_event_time_column(events, s.time, "join_asof_table time")
+        check_event_time_column(dim, s.dim_time, "join_asof_table dim_time")
+        return joined_schema(events, dim, s.on, s.suffix)
 
     def describe_node(self) -> str:
         s = self.spec
@@ -395,9 +507,34 @@ class StaticJoinNode(StatefulNode):
     def children(self) -> tuple[PlanNode, ...]:
         return (self.child,)
 
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.schemas import check_columns, derive_step_schema
+
+        table = self.spec.table.known_schema()
+        check_columns(inputs[0], self.spec.on, "join_static key (the stream)")
+        if table is None:
+            return None
+        check_columns(table, self.spec.on, "join_static key (the static table)")
+        other = table.to_frame().lazy()
+        return derive_step_schema(
+            "join_static",
+            lambda lf: lf.join(other, on=list(self.spec.on), how=self.spec.how,
+                               suffix=self.spec.suffix, coalesce=True),
+            inputs[0],
+        )
+
     def describe_node(self) -> str:
         desc = ", ".join(f"{k}={v}" for k, v in self.spec.table.describe().items())
         return f"StaticJoin[{self.spec.how}](on={list(self.spec.on)}, {desc})"
+
+
+def joined_schema(
+    left: pl.Schema, right: pl.Schema, on: Sequence[str], suffix: str = SUFFIX
+) -> pl.Schema:
+    """The output schema of a stream join: Polars' layout (the left columns, then
+    the right's non-key columns, ``suffix``-ed on a clash)."""
+    _, rename = output_columns(left, right, on, suffix)
+    return pl.Schema({**left, **{out: right[name] for name, out in rename.items()}})
 
 
 JOIN_NODES = (IntervalJoinNode, AggregateJoinNode, AsOfJoinNode, StaticJoinNode)

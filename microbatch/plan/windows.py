@@ -13,6 +13,7 @@ import polars as pl
 
 from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError
+from microbatch.plan.schemas import column_name
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class SessionWindowSpec:
 
 
 def window(
-    column: str,
+    column: str | pl.Expr,
     size: str | int,
     slide: str | int | None = None,
     *,
@@ -71,8 +72,8 @@ def window(
     Parameters
     ----------
     column
-        The event-time column: a Datetime, a Date, or an integer of epoch
-        milliseconds.
+        The event-time column (a name or ``pl.col(name)``): a Datetime, a Date,
+        or an integer of epoch milliseconds.
     size
         The window length: a duration string (``"10s"``, ``"5m"``, ``"1h30m"``),
         seconds, or a ``timedelta``.
@@ -141,6 +142,7 @@ def window(
     >>> out.select(pl.col("window_start").dt.strftime("%H:%M"), "n", "revision").rows()
     [('00:00', 1, 0), ('00:01', 1, 0), ('00:00', 2, 1)]
     """
+    column = column_name(column, "mb.window")
     size_ms = parse_duration_ms(size, what="window size")
     slide_ms = size_ms if slide is None else parse_duration_ms(slide, what="window slide")
     if size_ms <= 0 or slide_ms <= 0:
@@ -158,7 +160,7 @@ def window(
     return WindowSpec(column, size_ms, slide_ms, lateness)
 
 
-def session_window(column: str, gap: str | int) -> SessionWindowSpec:
+def session_window(column: str | pl.Expr, gap: str | int) -> SessionWindowSpec:
     """Session windows on ``column`` closed after ``gap`` without events.
 
     A row at ``t`` makes a session ``[t, t + gap)``; overlapping or touching
@@ -170,8 +172,8 @@ def session_window(column: str, gap: str | int) -> SessionWindowSpec:
     Parameters
     ----------
     column
-        The event-time column: a Datetime, a Date, or an integer of epoch
-        milliseconds.
+        The event-time column (a name or ``pl.col(name)``): a Datetime, a Date,
+        or an integer of epoch milliseconds.
     gap
         The inactivity that ends a session: a duration string (``"30s"``),
         seconds, or a ``timedelta``.
@@ -213,6 +215,7 @@ def session_window(column: str, gap: str | int) -> SessionWindowSpec:
     User ``b``'s session (from 05:00) is still open: the watermark has not
     reached its end.
     """
+    column = column_name(column, "mb.session_window")
     gap_ms = parse_duration_ms(gap, what="session gap")
     if gap_ms <= 0:
         raise PlanError(f"session gap must be positive, got {gap!r}")
