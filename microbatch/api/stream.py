@@ -1024,7 +1024,7 @@ class Stream:
                 "many columns each"
             )
         rename = {r: lft for r, lft in zip(rights, lefts, strict=True) if r != lft}
-        if not rename:
+        if not rename or other is None:
             return lefts, other
         known = other.schema if isinstance(other, pl.DataFrame) else other._known_schema()
         if known is not None:
@@ -1064,6 +1064,7 @@ class Stream:
         return joined.rename(back)
 
     def _joined(self, other: Stream, node: PlanNode) -> Stream:
+        output_schema(node)  # refuses a join key or time column missing on a side now
         return Stream(
             node,
             late_sink=self._late_sink or other.late_sink,
