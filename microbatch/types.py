@@ -22,6 +22,7 @@ __all__ = [
     "FileFormat",
     "JoinHow",
     "KafkaFormat",
+    "MissingColumns",
     "Offset",
     "OutputMode",
     "PathLike",
@@ -37,6 +38,9 @@ PathLike: TypeAlias = str | os.PathLike[str]
 Offset: TypeAlias = Any
 """A source's position: any JSON value the source understands (recorded in ``offsets/N``)."""
 FileFormat: TypeAlias = Literal["parquet", "json", "csv"]
+MissingColumns: TypeAlias = Literal["dead_letter", "null"]
+"""What ``read_files`` does with a file that lacks a column of the schema:
+``"dead_letter"`` (the whole file, counted as ``schema_mismatch``) or ``"null"``."""
 KafkaFormat: TypeAlias = Literal["json", "csv", "raw"]
 """How Kafka record values are encoded (``read_kafka`` and ``write_kafka``; the sink
 writes ``json`` or ``raw``)."""

@@ -13,6 +13,7 @@ import polars as pl
 from microbatch.api.stream import Stream, stream_of
 from microbatch.plan.nodes import SourceNode
 from microbatch.sources.memory import MemorySource
+from microbatch.types import MissingColumns
 
 
 class MemoryStream(Stream):
@@ -108,6 +109,7 @@ def read_files(
     schema: pl.Schema | Mapping[str, Any] | None = None,
     max_files_per_batch: int | None = None,
     glob: str | None = None,
+    on_missing_columns: MissingColumns = "dead_letter",
 ) -> Stream:
     """A stream over the files of a directory, taken in (mtime, name) order.
 
@@ -129,7 +131,8 @@ def read_files(
     schema
         Columns and types of the output, in this order. Required for ``json``
         and ``csv``; inferred from the files for ``parquet`` when ``None``. A
-        value that does not convert sends its row to the dead letters.
+        value that does not convert sends its row to the dead letters. Columns
+        of a file that are not in the schema are dropped.
     max_files_per_batch
         At most this many files per batch (``None``: every new file).
     glob
@@ -137,6 +140,17 @@ def read_files(
         ``*.parquet``; ``*.json``, ``*.jsonl``, ``*.ndjson``; ``*.csv``). Hidden
         (``.``/``_`` prefix) and temporary files are never admitted: write files
         under such a name and rename them into place.
+    on_missing_columns
+        Schema drift policy for a file (with records) that lacks a column of
+        ``schema``: a Parquet or CSV file without it, a JSON file none of
+        whose records has the key. ``"dead_letter"`` (the default, strict):
+        the whole file goes to the dead letters with the reason ``schema
+        mismatch: missing column 'x' (type) ...``, is counted as
+        ``schema_mismatch`` in the progress record (an alarm in ``microbatch
+        status``) and is left in place; the other files of the batch go on.
+        ``"null"``: the column is read as null. A Parquet column whose type
+        does not convert to the schema's (a list for a number, a number for a
+        timestamp) is a schema mismatch under either policy.
 
     Returns
     -------
@@ -146,7 +160,7 @@ def read_files(
     ------
     PlanError
         For an unknown ``format``, a ``json``/``csv`` source without ``schema``,
-        or a bad ``max_files_per_batch``.
+        a bad ``max_files_per_batch`` or ``on_missing_columns``.
 
     Examples
     --------
@@ -181,12 +195,32 @@ def read_files(
     [1, 3]
     >>> query.last_progress["dead_letter_rows"]
     1
+
+    A file that lacks a column of the schema is refused whole, by default:
+
+    >>> pl.DataFrame({"ident": [4]}).write_csv(landing / "renamed.csv")
+    >>> query = (
+    ...     mb.read_files(landing, format="csv", schema={"id": pl.Int64})
+    ...     .write_memory("doc_read_files_drift")
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> mb.table("doc_read_files_drift")["id"].to_list()
+    [1, 3]
+    >>> query.last_progress["schema_mismatch"]
+    1
     """
     from microbatch.sources.files import FileSource
 
     return stream_of(
         FileSource(
-            path, format=format, schema=schema, max_files_per_batch=max_files_per_batch, glob=glob
+            path,
+            format=format,
+            schema=schema,
+            max_files_per_batch=max_files_per_batch,
+            glob=glob,
+            on_missing_columns=on_missing_columns,
         )
     )
 

@@ -58,7 +58,7 @@ from microbatch.observability.record import BatchFacts, progress_record
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.nodes import PlanNode
 from microbatch.plan.triggers import ProcessingTime, Trigger
-from microbatch.sources.base import Source, SourceContext
+from microbatch.sources.base import Source, SourceContext, count_schema_mismatches
 from microbatch.types import Offset, OutputMode
 from sinks.base import Sink, SinkContext
 
@@ -96,6 +96,8 @@ class BatchResult:
     dead_letter_rows: int
     late_rows: int = 0
     state: dict[str, Any] = field(default_factory=dict)
+    schema_mismatch: int = 0
+    """Dead letters for whole inputs that do not fit the schema (files)."""
 
 
 class Timer:
@@ -353,6 +355,7 @@ class MicroBatchExecution:
             dead_letter_rows=dead_letters.height,
             late_rows=sum(f.height for f in ctx.late_rows),
             state=ctx.metrics,
+            schema_mismatch=count_schema_mismatches(dead_letters),
         )
         self.report(batch, result)
         fault_point("after_report", batch.batch_id)
@@ -560,6 +563,7 @@ class MicroBatchExecution:
             input_rows=result.input_rows,
             output_rows=result.output_rows,
             dead_letter_rows=result.dead_letter_rows,
+            schema_mismatch=result.schema_mismatch,
             late_rows=result.late_rows,
             state=result.state,
             state_committed=self.executor.state_metrics(),

@@ -17,7 +17,10 @@ misspelt key is a mypy error inside the project):
 
 Versioning: every record carries ``progress_version`` (:data:`PROGRESS_VERSION`).
 The version changes only when a field is removed or changes meaning; adding a
-field does not change it (readers use ``.get`` for fields a record may lack).
+field does not change it (readers use ``.get`` for fields a record may lack,
+and :func:`read_progress` fills the fields added since version 1, listed in
+``_ADDED``, with the value that is true of a record written before them:
+``schema_mismatch`` is 0, as no engine that lacked it refused a file for it).
 :func:`read_progress` reads a stored record: one written before the field
 existed is version 0 (the same fields: it is upgraded in place, a field it
 lacks reads as ``None``/0/empty); one of a newer version raises
@@ -192,6 +195,10 @@ class ProgressRecord(TypedDict):
     processed_rows_per_second: float | None
     output_rows: int
     dead_letter_rows: int
+    schema_mismatch: int
+    """Of the dead letters, input files that did not fit the declared schema
+    (added in version 1 without a version change: a stored record without it
+    reads as 0)."""
     late_rows: int
     watermark_ms: int | None
     next_watermark_ms: int | None
@@ -226,6 +233,7 @@ _DEFAULTS: dict[str, Any] = {
     "processed_rows_per_second": None,
     "output_rows": 0,
     "dead_letter_rows": 0,
+    "schema_mismatch": 0,
     "late_rows": 0,
     "watermark_ms": None,
     "next_watermark_ms": None,
@@ -248,6 +256,10 @@ _EMPTY: dict[str, type] = {
     "state": dict,
 }
 """Fields that read as an empty container when a version-0 record lacks them."""
+
+_ADDED: dict[str, Any] = {"schema_mismatch": 0}
+"""Fields added to version 1 after it was first written (adding a field keeps the
+version), and what a stored record without one reads as."""
 
 
 def read_progress(doc: Any, *, where: str) -> ProgressRecord:
@@ -279,6 +291,8 @@ def read_progress(doc: Any, *, where: str) -> ProgressRecord:
                 "write_ms": None, "latency_ms": doc.get("latency_ms"), "metrics": {}}
         doc = {**_DEFAULTS, **{k: t() for k, t in _EMPTY.items()}, "sink": sink, **doc,
                "progress_version": 0}
+    if any(name not in doc for name in _ADDED):
+        doc = {**_ADDED, **doc}
     return cast(ProgressRecord, doc)
 
 

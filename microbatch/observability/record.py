@@ -30,7 +30,9 @@ JSON line on the ``microbatch.observability.progress`` logger. Fields:
 - ``state``: per operator, rows, bytes, commit time, late rows, ``eviction``
   (``"watermark"``, ``"ttl"`` or ``"none"``), ``expired_rows`` (removed by TTL
   in this batch)…; ``state_rows``, ``state_bytes``, ``state_expired_rows`` totals;
-- ``late_rows``, ``dead_letter_rows``: this batch's;
+- ``late_rows``, ``dead_letter_rows``: this batch's; ``schema_mismatch``: of
+  those dead letters, the input files that did not fit the declared schema
+  (a column missing, or of a type that does not convert);
 - ``sink``: output rows, write time and latency; ``latency_ms``:
   ``{"column", "rows", "max_ms", "median_ms"}`` of now minus event time of
   the rows the sink took (see :mod:`microbatch.observability.latency`), or ``None``;
@@ -108,6 +110,8 @@ class BatchFacts:
     latency: Mapping[str, Any] | None
     previous: ProgressRecord | None
     """The progress record of the batch before (``None`` for the first one)."""
+    schema_mismatch: int = 0
+    """Dead letters for whole input files that do not fit the declared schema."""
     executor: Mapping[str, Any] | None = None
     """Where the plan ran, when not in this process: a scaled-out batch's
     workers, shards, phase times and busy time per worker and shard."""
@@ -154,6 +158,7 @@ def progress_record(facts: BatchFacts, *, now_ms: int) -> ProgressRecord:
         "processed_rows_per_second": round(rows / (total_ms / 1000), 1) if total_ms else None,
         "output_rows": f.output_rows,
         "dead_letter_rows": f.dead_letter_rows,
+        "schema_mismatch": f.schema_mismatch,
         "late_rows": f.late_rows,
         "watermark_ms": f.watermark_ms,
         "next_watermark_ms": f.next_watermark_ms,

@@ -16,7 +16,10 @@ the conditions an operator should look at:
   (no window/watermark eviction and no TTL, or a watermark that does not
   advance); it names the operator and the ``ttl=`` that would bound it;
 - ``late_rows_rising``: more late rows in the newest batches than before;
-- ``dead_letters``: malformed input records in recent batches.
+- ``dead_letters``: malformed input records in recent batches;
+- ``schema_mismatch``: input files in recent batches that did not fit the
+  declared schema (a column missing or of a type that does not convert) and
+  went to the dead letters whole.
 """
 
 from __future__ import annotations
@@ -186,7 +189,7 @@ def alarms(records: Sequence[ProgressRecord],
         ))
     run = [r for r in records if r["run_id"] == records[-1]["run_id"]] if records else []
     for check in (_falling_behind, _backlog_growing, _watermark_stalled, _late_rows_rising,
-                  _dead_letters):
+                  _dead_letters, _schema_mismatch):
         alarm = check(run)
         if alarm:
             found.append(alarm)
@@ -325,4 +328,20 @@ def _dead_letters(run: Sequence[ProgressRecord]) -> dict[str, str] | None:
         "dead_letters", "warning",
         f"{bad:,} malformed input records in the last {len(window)} batches went to the "
         "dead-letter output (chk/dead_letter unless the job sets one).",
+    )
+
+
+def _schema_mismatch(run: Sequence[ProgressRecord]) -> dict[str, str] | None:
+    window = list(run[-ALARM_WINDOW:])
+    files = sum(r.get("schema_mismatch", 0) for r in window)
+    if not files:
+        return None
+    return _alarm(
+        "schema_mismatch", "warning",
+        f"schema mismatch: {files:,} input file{'s' if files != 1 else ''} in the last "
+        f"{len(window)} batches did not fit the schema (a column missing, or of a type that "
+        "does not convert) and went whole to the dead-letter output, reason 'schema "
+        "mismatch: ...'. The files are left in place: fix them and drop them in again under "
+        "a new name, or declare read_files(..., on_missing_columns=\"null\") to read missing "
+        "columns as null.",
     )

@@ -40,9 +40,23 @@ DEAD_LETTER_SCHEMA = pl.Schema(
 partition and offset), why it was rejected, and the raw bytes (lossless)."""
 
 
+SCHEMA_MISMATCH = "schema mismatch: "
+"""How the reason of a dead letter for a whole input that does not fit the
+declared schema begins (a column missing, or of a type that does not convert).
+The engine counts these dead letters as ``schema_mismatch`` in the progress
+record: the prefix is the contract between a source and that count."""
+
+
 def empty_dead_letters() -> pl.DataFrame:
     """A dead-letter frame with no rows."""
     return DEAD_LETTER_SCHEMA.to_frame()
+
+
+def count_schema_mismatches(dead_letters: pl.DataFrame) -> int:
+    """How many of ``dead_letters`` are for an input that does not fit the schema."""
+    if "reason" not in dead_letters.columns or not dead_letters.height:
+        return 0
+    return int(dead_letters.get_column("reason").str.starts_with(SCHEMA_MISMATCH).sum())
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 The good path is one Polars call; only when it fails are the bad items found
 by bisection (:func:`bisect_bad`), so every good item still decodes and each
 bad one gets a reason. :func:`conform` casts a decoded frame to exactly the
-schema and says, per row, why a row does not fit.
+schema and says, per row, why a row does not fit; :func:`castable` says
+whether a typed column (Parquet) can be converted at all.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import polars as pl
+from polars._typing import PolarsDataType
 
 REASON_LIMIT = 300
 """Characters of an error message kept as a dead letter's reason."""
@@ -99,6 +101,39 @@ def conform(frame: pl.DataFrame, schema: pl.Schema) -> tuple[pl.DataFrame, pl.Se
     return out, first
 
 
+def castable(source: PolarsDataType, target: PolarsDataType) -> bool:
+    """Whether a column of type ``source`` has a conversion to ``target``.
+
+    The conversions are those of text (JSON, CSV) carried over to typed
+    columns: anything but a nested type to text; text (``String``,
+    ``Categorical``, ``Enum``) to anything, value by value; numbers (integers,
+    floats, decimals) to numbers; ``Date`` or ``Datetime`` to ``Datetime``;
+    a type to itself (any time unit or zone of ``Datetime``); a list or array
+    to a list or array of a castable inner type; a struct to a struct whose
+    every field it has, of a castable type; an all-null column to anything.
+    Refused: numbers to times (an epoch number is ambiguous: text formats
+    refuse it too), times to numbers, booleans to or from numbers, nested to
+    flat types. Values of a castable type may still not fit (``1.5`` for an
+    integer, an overflow): :func:`conform` finds those per row.
+    """
+    if source == target or isinstance(source, pl.Null):
+        return True
+    if isinstance(source, pl.String | pl.Categorical | pl.Enum):
+        return True
+    if isinstance(target, pl.String):
+        return not source.is_nested()
+    if source.is_numeric() and target.is_numeric():
+        return True
+    if isinstance(target, pl.Datetime):
+        return isinstance(source, pl.Date | pl.Datetime)
+    if isinstance(source, pl.List | pl.Array) and isinstance(target, pl.List | pl.Array):
+        return castable(source.inner, target.inner)
+    if isinstance(source, pl.Struct) and isinstance(target, pl.Struct):
+        fields = {f.name: f.dtype for f in source.fields}
+        return all(f.name in fields and castable(fields[f.name], f.dtype) for f in target.fields)
+    return False
+
+
 def _no_reasons(n: int) -> pl.Series:
     return pl.repeat(None, n, dtype=pl.String, eager=True).alias("reason")
 
@@ -107,6 +142,8 @@ def convert(series: pl.Series, dtype: pl.DataType) -> pl.Series:
     """``series`` as ``dtype``; values that do not convert become null."""
     if series.dtype == dtype:
         return series
+    if isinstance(series.dtype, pl.Categorical | pl.Enum):
+        series = series.cast(pl.String)
     if series.dtype != pl.String:
         converted = series.cast(dtype, strict=False)
         if series.dtype.is_float() and dtype.is_integer():

@@ -11,7 +11,10 @@ Decoding is bulk (one Polars call per file on the good path). Bad input never
 loses good data: an unreadable file, a malformed JSON line or a value that
 does not fit the schema becomes a dead-letter row with its location (file, or
 ``file:line``), the reason and, for text formats, the raw bytes; the rest of
-the batch goes on.
+the batch goes on. A file that does not fit the declared schema as a whole (a
+column missing, or a Parquet column of a type that does not convert) is one
+dead letter whose reason begins ``schema mismatch:``, counted as
+``schema_mismatch`` in the progress record; the file is left in place.
 
 NOTE: writers should create files under a hidden or temporary name
 (``.name``, ``_name`` or ``*.tmp``) and rename them into place: a visible file
@@ -22,6 +25,7 @@ is admitted as soon as it is listed, and only the bytes present at admission
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 import time
@@ -36,14 +40,21 @@ import polars as pl
 from microbatch.exceptions import PlanError, SourceError
 from microbatch.sources.base import (
     DEAD_LETTER_SCHEMA,
+    SCHEMA_MISMATCH,
     Source,
     SourceBatch,
     SourceContext,
     empty_dead_letters,
 )
-from microbatch.sources.decoding import DECODE_ERRORS, bisect_bad, conform, short_reason
+from microbatch.sources.decoding import (
+    DECODE_ERRORS,
+    bisect_bad,
+    castable,
+    conform,
+    short_reason,
+)
 from microbatch.sources.file_ledger import FileLedger, LedgerFile
-from microbatch.types import FileFormat
+from microbatch.types import FileFormat, MissingColumns
 
 DEFAULT_GLOBS: dict[str, tuple[str, ...]] = {
     "parquet": ("*.parquet",),
@@ -81,10 +92,23 @@ class FileSource(Source):
         strings taken to be in it) and ``pl.Date``, JSON text into nested
         types. A non-null value that does not convert (``"abc"`` for
         ``Int64``, ``1.5`` for ``Int64``, an epoch number for ``Datetime``)
-        sends its row to the dead letters with the column named. Missing
-        fields, and missing trailing CSV fields, are null.
+        sends its row to the dead letters with the column named. A field
+        missing from some JSON records, and missing trailing CSV fields, are
+        null; a column missing from the whole file follows
+        ``on_missing_columns``. Columns not in the schema are dropped.
     max_files_per_batch
         At most this many files per batch (``None``: all new files).
+    on_missing_columns
+        What a file with records that lacks a column of ``schema`` does (a
+        Parquet or CSV file without the column, a JSON file none of whose
+        records has the key): ``"dead_letter"`` (the default, strict) sends
+        the whole file to the dead letters, reason ``schema mismatch: missing
+        column 'x' ...``, counted as ``schema_mismatch`` in the progress
+        record, and leaves it in place; ``"null"`` reads the column as null.
+        A Parquet column whose type does not convert to the schema's
+        (:func:`~microbatch.sources.decoding.castable`: a list for a number,
+        a number for a timestamp) is a schema mismatch under either policy.
+        Files without records and sources without a schema are never one.
     glob
         File name pattern relative to ``path`` (default per format:
         ``*.parquet``; ``*.json``, ``*.jsonl``, ``*.ndjson``; ``*.csv``). Hidden
@@ -109,6 +133,7 @@ class FileSource(Source):
         schema: pl.Schema | Mapping[str, Any] | None = None,
         max_files_per_batch: int | None = None,
         glob: str | None = None,
+        on_missing_columns: MissingColumns = "dead_letter",
     ) -> None:
         if format not in DEFAULT_GLOBS:
             raise PlanError(
@@ -128,6 +153,13 @@ class FileSource(Source):
                 f"read_files: max_files_per_batch must be a positive integer or None, "
                 f"got {max_files_per_batch!r}"
             )
+        if on_missing_columns not in ("dead_letter", "null"):
+            raise PlanError(
+                f"read_files: on_missing_columns must be 'dead_letter' (a file lacking a "
+                f"column of the schema goes to the dead letters) or 'null' (the column is "
+                f"read as null), got {on_missing_columns!r}"
+            )
+        self.on_missing_columns: MissingColumns = on_missing_columns
         self.path = Path(path).resolve()
         self.format: FileFormat = format
         self._schema = pl.Schema(schema) if schema is not None else None
@@ -139,13 +171,15 @@ class FileSource(Source):
     # -- identity ---------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        """Kind, resolved path, format, schema, patterns and the per-batch cap."""
+        """Kind, resolved path, format, schema, patterns, the per-batch cap and
+        the missing-columns policy."""
         return {
             "kind": self.kind,
             "path": str(self.path),
             "format": self.format,
             "max_files_per_batch": self.max_files_per_batch,
             "glob": list(self.globs),
+            "on_missing_columns": self.on_missing_columns,
             "schema": None
             if self._schema is None
             else {name: str(dtype) for name, dtype in self._schema.items()},
@@ -299,7 +333,19 @@ class FileSource(Source):
             )
         if self._schema is None:
             return frame, empty_dead_letters()
-        data, reasons = conform(frame, self._schema)
+        if frame.height:
+            missing = [name for name in self._schema if name not in frame.columns]
+            mismatch = self._mismatch_letter(where, missing, frame.schema, found=frame.columns)
+            if mismatch is not None:
+                return None, mismatch
+        try:
+            data, reasons = conform(frame, self._schema)
+        except DECODE_ERRORS as exc:  # a conversion castable() allows but Polars refuses
+            return None, self._file_letter(
+                where,
+                f"{SCHEMA_MISMATCH}the file's columns do not convert to the schema "
+                f"({short_reason(exc)}); {_LEFT_IN_PLACE}",
+            )
         bad = reasons.is_not_null()
         if not bad.any():
             return data, empty_dead_letters()
@@ -333,6 +379,10 @@ class FileSource(Source):
             whole = self._parse_whole(buf)
         except DECODE_ERRORS:
             whole = None
+        if whole is not None and whole.height:
+            mismatch = self._text_mismatch(buf, whole, where)
+            if mismatch is not None:
+                return schema.to_frame(), mismatch
         if whole is not None:
             data, reasons = conform(whole, schema)
             # the CSV reader turns a blank line into a row of nulls
@@ -360,6 +410,10 @@ class FileSource(Source):
         )
         wire = [frame for _, _, frame in goods if frame.width]
         frame = pl.concat(wire, how="diagonal") if wire else pl.DataFrame()
+        if frame.height:
+            mismatch = self._text_mismatch(buf, frame, where)
+            if mismatch is not None:
+                return schema.to_frame(), mismatch
         data, reasons = conform(frame, schema)
         what = "JSON line" if self.format == "json" else "CSV record"
         bad_records = [i for i, _ in bads]
@@ -401,6 +455,68 @@ class FileSource(Source):
             raise ValueError(f"expected {hi - lo} CSV records, found {frame.height}")
         # a blank line is a row of nulls to the CSV reader, not a record
         return frame.filter(pl.Series(~records.blank[lo:hi]))
+
+    # -- schema mismatch --------------------------------------------------------
+
+    def _text_mismatch(self, buf: bytes, frame: pl.DataFrame, where: Path) -> pl.DataFrame | None:
+        """The dead letter for a JSON or CSV file that lacks a schema column, if it does.
+
+        ``frame`` is the file's decoded records as text. CSV: the header names
+        the columns. JSON lines have no header: a key is missing from the file
+        when it is null in every record and its quoted name is nowhere in the
+        bytes (a key absent from some records only is a null value: writers
+        often leave out null fields).
+        """
+        schema = self._text_schema
+        if self.format == "csv":
+            missing = [name for name in schema if name not in frame.columns]
+            return self._mismatch_letter(where, missing, pl.Schema(), found=frame.columns)
+        missing = [
+            name
+            for name in schema
+            if frame.get_column(name).null_count() == frame.height and not _mentions_key(buf, name)
+        ]
+        return self._mismatch_letter(where, missing, pl.Schema(), found=None)
+
+    def _mismatch_letter(
+        self,
+        where: Path,
+        missing: Sequence[str],
+        typed: pl.Schema,
+        *,
+        found: Sequence[str] | None,
+    ) -> pl.DataFrame | None:
+        """One dead letter for a file that does not fit the schema, or ``None``.
+
+        ``missing``: the schema's columns the file lacks (a mismatch unless
+        ``on_missing_columns="null"``); ``typed``: the file's column types
+        (Parquet), each checked with :func:`castable`; ``found``: the file's
+        columns, named in the reason to show a renamed column.
+        """
+        schema = self._text_schema
+        problems: list[str] = []
+        strict = bool(missing) and self.on_missing_columns == "dead_letter"
+        if strict:
+            names = ", ".join(f"{name!r} ({schema[name]})" for name in missing)
+            has = f" (the file has {_bounded(found)})" if found is not None else ""
+            problems.append(f"missing column{'s' if len(missing) > 1 else ''} {names}{has}")
+        for name, dtype in typed.items():
+            target = schema.get(name)
+            if target is not None and not castable(dtype, target):
+                problems.append(
+                    f"column {name!r} is {dtype} in the file, {target} in the schema, "
+                    "and does not convert"
+                )
+        if not problems:
+            return None
+        fix = (
+            '; or read_files(..., on_missing_columns="null") reads missing columns as null'
+            if strict
+            else ""
+        )
+        return self._file_letter(
+            where, f"{SCHEMA_MISMATCH}{'; '.join(problems)}; {_LEFT_IN_PLACE}{fix}"
+        )
 
     # -- dead letters -----------------------------------------------------------
 
@@ -472,6 +588,27 @@ class FileSource(Source):
 
 
 # --------------------------------------------------------------------------- decoding
+
+
+_LEFT_IN_PLACE = (
+    "the file is left in place and not read: fix it, or the schema, and drop it in again "
+    "under a new name"
+)
+
+
+def _mentions_key(buf: bytes, name: str) -> bool:
+    """Whether the quoted ``name`` occurs in ``buf`` (as written by JSON writers:
+    escaped non-ASCII or plain UTF-8)."""
+    return any(
+        json.dumps(name, ensure_ascii=ascii).encode() in buf for ascii in (True, False)
+    )
+
+
+def _bounded(names: Sequence[str], limit: int = 20) -> str:
+    """``['a', 'b']``, or the first ``limit`` names and how many more."""
+    shown = ", ".join(repr(n) for n in names[:limit])
+    more = f", ... {len(names) - limit} more" if len(names) > limit else ""
+    return f"[{shown}{more}]"
 
 
 def _is_hidden_or_temp(rel: str) -> bool:

@@ -49,14 +49,19 @@ def job() -> ModuleType:
     return module
 
 
-def simulate(data: pl.DataFrame) -> tuple[set[int], pl.DataFrame]:
-    """(late event ids, expected alert table) from the files' batches alone."""
+def simulate(
+    data: pl.DataFrame, *, unread: pl.DataFrame | None = None
+) -> tuple[set[int], pl.DataFrame]:
+    """(late event ids, expected alert table) from the files' batches alone;
+    ``unread``: rows of files the job must not read (dead letters)."""
     size = -(-data.height // FILES)
     t = pl.col("event_time").dt.epoch("ms")
     rows = data.with_columns(
         (pl.int_range(pl.len()) // (size * PER_BATCH)).alias("batch"),
         (t // MINUTE_MS * MINUTE_MS + MINUTE_MS).alias("we"),
     )
+    if unread is not None:
+        rows = rows.join(unread.select("event_id"), on="event_id", how="anti")
     newest = rows.group_by("batch").agg(t.max().alias("newest")).sort("batch")
     marks = newest.with_columns(
         (pl.col("newest").cum_max().shift(1) - DELAY_MS).alias("wm")  # from earlier batches
@@ -182,3 +187,45 @@ def test_the_contract_with_kills_and_a_flaky_webhook_equals_a_batch_recompute(
     assert all(b["revision"] == 0 and b["transactions"] >= 3 for b in first.values())
     assert any(b["transactions"] < t for b, t in zip(
         (first[k] for k in expected["alert_id"]), expected["transactions"], strict=True))
+
+
+def test_a_drifted_file_is_dead_lettered_and_counted_and_the_alerts_equal_the_recompute(
+    tmp_path: Path,
+) -> None:
+    fraud = job()
+    data = fraud.generated_transactions(rows=6_000, cards=150, events_per_second=50.0,
+                                        late_fraction=0.0, seed=7)
+    fraud.write_files(tmp_path / "in", data, files=FILES)
+    size = -(-data.height // FILES)
+    drifted = tmp_path / "in" / "tx-00005.parquet"  # an upstream renamed amount
+    stat = drifted.stat()
+    unread = data.slice(5 * size, size)
+    unread.rename({"amount": "amt"}).write_parquet(drifted)
+    os.utime(drifted, ns=(stat.st_mtime_ns, stat.st_mtime_ns))
+    _, want = simulate(data, unread=unread)
+    assert want.height > 20
+
+    chk = tmp_path / "chk"
+    params = {"input": str(tmp_path / "in"), "max_files_per_batch": str(PER_BATCH),
+              "delay": "10s", "allowed_lateness": "1h",
+              "output": str(tmp_path / "alerts"), "late_output": str(tmp_path / "late")}
+    assert run(params, chk) == 0
+
+    got = table(tmp_path / "alerts")
+    expected = want.select(
+        "alert_id", "card_id", "ws", pl.lit(MINUTE_MS).alias("len_ms"), "transactions",
+        "total_amount", "max_amount", pl.col("first_event_time").dt.epoch("ms"),
+        pl.col("last_event_time").dt.epoch("ms"),
+    ).sort("alert_id")
+    assert got.equals(expected.cast(dict(got.schema)))  # type: ignore[arg-type]
+    dead = pl.read_parquet(chk / "dead_letter" / "**" / "*.parquet")
+    assert dead["location"].to_list() == [str(drifted)]
+    assert dead["reason"][0].startswith("schema mismatch: missing column 'amount'")
+    status = subprocess.run(
+        [sys.executable, "-m", "microbatch.cli", "status", str(chk), "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+    )
+    doc = json.loads(status.stdout)
+    codes = {a["code"]: a["message"] for a in doc["alarms"]}
+    assert codes["schema_mismatch"].startswith("schema mismatch: 1 input file in the last")
+

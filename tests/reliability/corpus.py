@@ -145,6 +145,8 @@ class Case:
     """Extra assertions on the dead letters."""
     tag: str = ""
     """Tells apart cases of one kind and format (part of :attr:`id`)."""
+    on_missing_columns: Literal["dead_letter", "null"] = "dead_letter"
+    """The ``read_files`` schema drift policy the queries declare."""
 
     @property
     def id(self) -> str:
@@ -254,11 +256,14 @@ def cases() -> list[Case]:
             .alias("event_time"))
         out.append(Case("null event time", fmt, "event_time null or missing", "late output",
                         _standard(fmt, [_file(f"b.{_ext(fmt)}", encode(fmt, nulls), nulls)])))
+    # one record without the key, among records with it (a key that no record of
+    # the file has is a missing column: a schema mismatch, below)
     missing = b'{"event_id": 700, "card_id": 1, "amount": 1.25}\n'
-    out.append(Case("missing event time", "json", "no event_time field at all", "late output",
-                    _standard("json", [_file("b.json", missing, pl.DataFrame(
-                        {"event_id": [700], "card_id": [1], "amount": [1.25],
-                         "event_time": [None], "note": [None]}, schema=SCHEMA))])))
+    without = pl.DataFrame({"event_id": [700], "card_id": [1], "amount": [1.25],
+                            "event_time": [None], "note": [None]}, schema=SCHEMA)
+    out.append(Case("missing event time", "json", "a record without the event_time field",
+                    "late output", _standard("json", [_file(
+                        "b.json", json_lines(mid) + missing, pl.concat([mid, without]))])))
     future = good(800, 1).with_columns(
         pl.lit(T0 + timedelta(days=3650)).dt.cast_time_unit("ms").alias("event_time"))
     for skew in (None, "1h"):
@@ -309,11 +314,23 @@ def cases() -> list[Case]:
         out.append(Case("schema drift: new column", fmt, "a column not in the schema",
                         "accepted", _standard(fmt, [_file(f"b.{ext}", encode(fmt, added), mid)])))
         out.append(Case("schema drift: dropped column", fmt, "amount and note missing",
-                        "accepted", _standard(fmt, [_file(f"b.{ext}", encode(fmt, dropped),
-                                                          _nulls(mid, "note", "amount"))])))
+                        "dead letter", _standard(fmt, [_file(f"b.{ext}", encode(fmt, dropped))]),
+                        dead=1, reason="schema mismatch: missing columns 'amount' (Float64), "
+                        "'note' (String)"))
+        out.append(Case("schema drift: dropped column", fmt,
+                        'amount and note missing, on_missing_columns="null"', "accepted",
+                        _standard(fmt, [_file(f"b.{ext}", encode(fmt, dropped),
+                                              _nulls(mid, "note", "amount"))]),
+                        on_missing_columns="null", tag="null"))
     out.append(Case("schema drift: type change", "parquet",
                     "amount as text, card_id as Int32 (schema declared)", "accepted",
                     _standard("parquet", [_file("b.parquet", parquet(typed), mid)])))
+    nested = mid.with_columns(pl.concat_list("amount").alias("amount"))
+    out.append(Case("schema drift: type change", "parquet",
+                    "amount as a list (schema declared)", "dead letter",
+                    _standard("parquet", [_file("b.parquet", parquet(nested))]),
+                    dead=1, reason="schema mismatch: column 'amount' is List(Float64)",
+                    tag="nested"))
     out.append(Case("schema drift: type change", "parquet",
                     "amount as text (no schema declared)", "stop, then resume",
                     _standard("parquet", [_file("b.parquet", parquet(typed), mid)]),
@@ -392,7 +409,8 @@ def land(case: Case, directory: Path) -> None:
 
 def _start(case: Case, work: Path, query: str, schema: dict[str, Any] | None) -> None:
     """Run one of the two queries with ``available-now``; raise what it raises."""
-    stream = mb.read_files(work / "in", format=case.fmt, schema=schema, max_files_per_batch=1)
+    stream = mb.read_files(work / "in", format=case.fmt, schema=schema, max_files_per_batch=1,
+                           on_missing_columns=case.on_missing_columns)
     if query == "pass":
         writer = stream.write_parquet(work / "pass")
     else:
