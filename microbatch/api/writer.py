@@ -196,9 +196,9 @@ class DataStreamWriter:
         spec = parse_trigger(trigger)
         if flush_at_end and isinstance(spec, ProcessingTime):
             raise TriggerError(
-                f"flush_at_end=True needs a bounded trigger, 'available-now' or 'once'; "
-                f"got trigger {str(spec)!r}, whose input never ends, so there is no end at "
-                "which to flush the open windows. Use trigger='available-now' (CLI: "
+                "flush_at_end=True (CLI: --flush) needs a bounded trigger, 'available-now' "
+                f"or 'once'; got trigger {str(spec)!r}, whose input never ends, so there is "
+                "no end at which to flush the open windows. Use trigger='available-now' (CLI: "
                 "--trigger available-now --flush), or drop flush_at_end."
             )
         root = (
