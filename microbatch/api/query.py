@@ -185,8 +185,8 @@ class StreamingQuery:
         ...     query.checkpoint, trigger="available-now")
         >>> again.await_termination()
         True
-        >>> again.status["caught_up"], again.status["message"][:38]
-        (True, 'stopped: nothing new since batch 1: c')
+        >>> again.status["caught_up"], again.status["message"].split(":")[:2]
+        (True, ['stopped', ' nothing new since batch 1'])
         """
         ex = self._exec
         return {
