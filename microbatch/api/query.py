@@ -90,7 +90,12 @@ class StreamingQuery:
         try:
             clear_last_error(self._exec.checkpoint.root)
             self._exec.run()
-            self._exec.status_message = "stopped"
+            caught_up = self._exec.caught_up
+            self._exec.status_message = "stopped" if caught_up is None else f"stopped: {caught_up}"
+            if caught_up is not None:
+                # WARNING: shown on stderr by default (no handler needed), so that a
+                # re-run script printing an empty result says why
+                log.warning("query %s: %s", self.id, caught_up)
         except BaseException as exc:
             self._exception = exc
             self._exec.status_message = f"failed: {exc}"
@@ -158,9 +163,11 @@ class StreamingQuery:
         Returns
         -------
         dict
-            ``message`` (e.g. ``"running"``, ``"stopped"``, ``"failed: ..."``),
-            ``is_active``, ``next_batch_id`` and ``falling_behind`` (a batch
-            overran its trigger interval).
+            ``message`` (e.g. ``"running"``, ``"stopped"``, ``"failed: ..."``,
+            ``"stopped: nothing new since batch 4: ..."``), ``is_active``,
+            ``next_batch_id``, ``falling_behind`` (a batch overran its trigger
+            interval) and ``caught_up`` (a bounded run found nothing new in its
+            sources, so it ran no batch: the checkpoint already holds everything).
 
         Examples
         --------
@@ -168,8 +175,18 @@ class StreamingQuery:
         >>> query = stream.write_memory("doc_status").start(trigger="available-now")
         >>> query.await_termination()
         True
-        >>> query.status
-        {'message': 'stopped', 'is_active': False, 'next_batch_id': 2, 'falling_behind': False}
+        >>> status = query.status
+        >>> status["message"], status["is_active"], status["next_batch_id"], status["caught_up"]
+        ('stopped', False, 2, False)
+
+        Started again on the same checkpoint with nothing new, the run says so:
+
+        >>> again = stream.write_memory("doc_status").start(
+        ...     query.checkpoint, trigger="available-now")
+        >>> again.await_termination()
+        True
+        >>> again.status["caught_up"], again.status["message"].split(":")[:2]
+        (True, ['stopped', ' nothing new since batch 1'])
         """
         ex = self._exec
         return {
@@ -177,6 +194,7 @@ class StreamingQuery:
             "is_active": self.is_active,
             "next_batch_id": ex.next_batch_id,
             "falling_behind": ex.falling_behind,
+            "caught_up": ex.caught_up is not None,
         }
 
     @property

@@ -15,10 +15,10 @@ from microbatch.engine.durability import DURABILITY_LEVELS, Durability
 from microbatch.engine.execution import MicroBatchExecution
 from microbatch.engine.executors import Executor
 from microbatch.engine.state_budget import StateBudget
-from microbatch.exceptions import PlanError
+from microbatch.exceptions import PlanError, TriggerError
 from microbatch.observability.latency import LatencyProbe, latency_columns
 from microbatch.plan.nodes import AggregateNode, PlanNode, WatermarkNode, is_aggregated
-from microbatch.plan.triggers import Trigger, parse_trigger
+from microbatch.plan.triggers import ProcessingTime, Trigger, parse_trigger
 from microbatch.types import OutputMode
 from sinks.base import Sink
 
@@ -79,6 +79,7 @@ class DataStreamWriter:
         durability: Durability = "fsync",
         executor: Executor | None = None,
         state_memory_budget: int | str | None = None,
+        flush_at_end: bool = False,
     ) -> StreamingQuery:
         """Start the query in a background thread and return its handle.
 
@@ -129,6 +130,16 @@ class DataStreamWriter:
             :class:`~microbatch.StateBudgetExceededError`, naming the largest
             operators and how to bound them, and is not committed (restart with a
             larger budget, a TTL or a shorter window to run it again, exactly once).
+        flush_at_end
+            With a bounded trigger (``"available-now"`` or ``"once"``): after the
+            last batch of input, advance the watermark to the end of input (the
+            newest event time seen plus the plan's windows, session gaps, join
+            bounds and allowed lateness) and run one more batch that emits every
+            window still open, written ahead and committed like any batch (a crash
+            re-runs it exactly once). The flushed watermark is kept in the
+            checkpoint: on a later run, rows for the flushed windows are late
+            (``late_rows``, ``.on_late(sink)``). Refused with an interval trigger,
+            whose input never ends.
 
         Returns
         -------
@@ -140,7 +151,8 @@ class DataStreamWriter:
         PlanError
             When ``retention`` is below 1, ``durability`` is unknown or
             ``state_memory_budget`` is not a positive size
-            (:class:`~microbatch.TriggerError` for an unknown trigger).
+            (:class:`~microbatch.TriggerError` for an unknown trigger, or
+            ``flush_at_end`` with an interval trigger).
         CheckpointError
             At once when the checkpoint is unusable: locked by a running query
             (:class:`~microbatch.CheckpointLockedError`), written by a different job
@@ -181,6 +193,14 @@ class DataStreamWriter:
                 f"got {durability!r}"
             )
         budget = StateBudget.of(state_memory_budget)
+        spec = parse_trigger(trigger)
+        if flush_at_end and isinstance(spec, ProcessingTime):
+            raise TriggerError(
+                "flush_at_end=True (CLI: --flush) needs a bounded trigger, 'available-now' "
+                f"or 'once'; got trigger {str(spec)!r}, whose input never ends, so there is "
+                "no end at which to flush the open windows. Use trigger='available-now' (CLI: "
+                "--trigger available-now --flush), or drop flush_at_end."
+            )
         root = (
             Path(checkpoint)
             if checkpoint is not None
@@ -192,7 +212,7 @@ class DataStreamWriter:
             sink=LatencyProbe(self.sink, latency_columns(self.plan)),
             output_mode=self.output_mode,
             checkpoint=chk,
-            trigger=parse_trigger(trigger),
+            trigger=spec,
             dead_letter_sink=self.dead_letter or _default_dead_letter_sink(chk),
             late_sink=self.late_sink,
             key_columns=tuple(output_keys(self.plan)),
@@ -201,6 +221,7 @@ class DataStreamWriter:
             durability=durability,
             executor=executor,
             state_budget=budget,
+            flush_at_end=flush_at_end,
         )
         return StreamingQuery(execution, name=name)._start(
             metrics_port=metrics_port, metrics_host=metrics_host

@@ -22,6 +22,8 @@ from rich.text import Text
 
 from microbatch.api.query import StreamingQuery
 from microbatch.observability.progress_schema import ProgressRecord, step_durations
+from microbatch.observability.status import lag_unit
+from microbatch.observability.timefmt import fmt_duration_ms, watermark_lag_text, watermark_text
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -102,21 +104,20 @@ class BatchLines:
 
 
 def lag_and_watermark(record: ProgressRecord) -> str:
-    """``, lag 1200 records (oldest 3.1 s), late 2, watermark 12:00:05 (lag 9.8 s)``."""
+    """``, lag 1200 records (oldest 3.1 s), late 2, watermark 2026-01-01T12:00:05Z
+    (lag 9.8 s)``; for old data ``(event time 336 d 2 h behind the clock: old data)``."""
     parts = []
     lag, lag_s = record["source_lag_records"], record["source_lag_seconds"]
     if lag is not None:
-        units = {s_lag["unit"] if (s_lag := s["lag"]) else None for s in record["sources"]}
-        unit = "files" if units == {"files"} else "records"
-        oldest = f" (oldest {lag_s:.1f} s)" if lag_s else ""
-        parts.append(f"lag {lag} {unit}{oldest}")
+        unit = lag_unit(record["sources"])
+        oldest = f" (oldest {fmt_duration_ms(lag_s * 1000)})" if lag_s else ""
+        parts.append(f"lag {lag:,} {unit.removesuffix('s') if lag == 1 else unit}{oldest}")
     if record["late_rows"]:
         parts.append(f"late {record['late_rows']}")
     watermark = record["next_watermark_ms"]
     if watermark is not None:
-        wm_lag = (record["reported_at_ms"] or watermark) - watermark
-        parts.append(f"watermark {(fmt_ms_time(watermark) or '')[11:19]} "
-                     f"(lag {wm_lag / 1000:.1f} s)")
+        now = record["reported_at_ms"] or watermark
+        parts.append(f"watermark {watermark_text(watermark, now)}")
     return "".join(f", {p}" for p in parts)
 
 
@@ -159,12 +160,11 @@ class LiveLine:
         text.append(f" │ {fmt_int(rate)} rows/s │ in {fmt_int(last['input_rows'])}"
                     f" │ out {fmt_int(last['output_rows'])} │ {stats.batches} batches")
         if last["source_lag_records"] is not None:
-            text.append(f" │ lag {fmt_int(last['source_lag_records'])}")
+            text.append(f" │ lag {fmt_int(last['source_lag_records'])} "
+                        f"{lag_unit(last['sources'])}")
         watermark = last["next_watermark_ms"]
         if watermark is not None:
-            lag_s = time.time() - watermark / 1000
-            text.append(f" │ watermark {(fmt_ms_time(watermark) or '')[11:19]} "
-                        f"(lag {lag_s:.1f} s)")
+            text.append(f" │ watermark {watermark_text(watermark, int(time.time() * 1000))}")
         if last["falling_behind"]:
             text.append(" │ falling behind", style="bold red")
         return text
@@ -192,7 +192,7 @@ class DemoTable(LiveLine):
             f"  {elapsed:.0f}s{limit} · {stats.batches} batches · "
             f"{fmt_int(stats.input_rows)} in · {fmt_int(stats.output_rows)} out · "
             f"{fmt_int(rate)} rows/s · late {fmt_int(self.late_rows)}"
-            + (f" · watermark lag {lag / 1000:.1f}s" if (lag := watermark_lag(stats)) else ""),
+            + (f" · watermark {watermark_lag_text(lag)}" if (lag := watermark_lag(stats)) else ""),
         )
         table = Table(box=box.SIMPLE_HEAD, header_style="bold", padding=(0, 1), pad_edge=False,
                       collapse_padding=True, show_edge=False, caption="step times in ms",

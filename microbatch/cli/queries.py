@@ -122,6 +122,7 @@ def _run_query(
     durability: Durability = "fsync",
     executor: Executor | None = None,
     state_memory_budget: str | None = None,
+    flush_at_end: bool = False,
 ) -> tuple[StreamingQuery, RunStats, QueryTerminatedError | None]:
     """Start ``writer`` and follow it until it ends.
 
@@ -133,7 +134,8 @@ def _run_query(
     baseline = _latest_progress_id(checkpoint)
     query = writer.start(checkpoint, trigger, name=name, metrics_port=metrics_port,
                          metrics_host=metrics_host, durability=durability,
-                         executor=executor, state_memory_budget=state_memory_budget)
+                         executor=executor, state_memory_budget=state_memory_budget,
+                         flush_at_end=flush_at_end)
     stopper.attach(query)
     if query.metrics_url:
         display.note(f"serving Prometheus metrics on {query.metrics_url}")
@@ -181,6 +183,10 @@ def _query_failed(query: StreamingQuery, exc: QueryTerminatedError, job: Path) -
 
 
 def _finish(query: StreamingQuery, stats: RunStats, stopper: StopOnSignal) -> None:
+    status = query.status
+    if status["caught_up"]:  # a bounded run with nothing new: say why nothing was written
+        err.print(f"[yellow]{escape(status['message'].removeprefix('stopped: '))}[/]",
+                  soft_wrap=True)
     why = f" ({stopper.reason})" if stopper.reason else ""
     committed = query.status["next_batch_id"] - 1
     err.print(
@@ -229,6 +235,11 @@ def run(
         metavar="SIZE", help="Stop with a clear error (exit 1), naming the operator and the "
                              "fix, when the state outgrows SIZE (e.g. 512MB, 2GB) in a batch; "
                              "the batch is not committed.")] = None,
+    flush: Annotated[bool, typer.Option(
+        "--flush", help="With --trigger available-now or once: after the last batch, advance "
+                        "the watermark to the end of input and emit every window still open "
+                        "(one more batch, committed like the others). Later rows for those "
+                        "windows are late.")] = False,
 ) -> None:
     """Run a job file until its trigger ends or SIGINT/SIGTERM stops it."""
     from microbatch.cli.jobfile import build_writer
@@ -250,7 +261,8 @@ def run(
                                              metrics_host=metrics_host,
                                              durability=durability.value,
                                              executor=executor,
-                                             state_memory_budget=state_memory_budget)
+                                             state_memory_budget=state_memory_budget,
+                                             flush_at_end=flush)
     except USER_ERRORS as exc:
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:

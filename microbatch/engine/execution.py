@@ -12,6 +12,14 @@ reads top to bottom as the protocol of docs/design.md::
     6. commit       commits/N; sources may forget what is before their ends
     7. report       one progress record
 
+End of a bounded input (``once``/``available-now``, :meth:`end_of_input`)::
+
+    if flush_at_end and some row was seen:
+        W = newest event time + the plan's event-time reach
+        if the watermark is below W: raise it to W and run one no-data batch
+            through steps 1..7 (offsets/N records W: a crash re-runs it as is)
+    if this run ran no batch:         say so ("nothing new since batch N")
+
 Recovery (:meth:`MicroBatchExecution.recover`)::
 
     last = latest entry of offsets/
@@ -50,7 +58,7 @@ from microbatch.engine.faults import fault_point, side_fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
 from microbatch.engine.state_budget import StateBudget
 from microbatch.engine.trigger_loops import loop_for
-from microbatch.engine.watermark import PARTITION_COLUMN
+from microbatch.engine.watermark import PARTITION_COLUMN, event_time_reach_ms
 from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError
 from microbatch.observability.latency import LatencyProbe
 from microbatch.observability.progress import ProgressStore
@@ -148,8 +156,10 @@ class MicroBatchExecution:
         durability: Durability = "fsync",
         executor: Executor | None = None,
         state_budget: StateBudget | None = None,
+        flush_at_end: bool = False,
     ) -> None:
         self.plan = plan
+        self.flush_at_end = flush_at_end
         self.state_budget = state_budget
         self.durability = durability
         self.sink = sink
@@ -185,6 +195,9 @@ class MicroBatchExecution:
         self.plans_started = 0
         self.last_idle_plan = -1
         self.status_message = "initializing"
+        self.batches_this_run = 0
+        self.caught_up: str | None = None
+        """Set when a bounded run found nothing new: what to tell the user."""
 
     # ------------------------------------------------------------------ setup
 
@@ -358,6 +371,7 @@ class MicroBatchExecution:
             schema_mismatch=count_schema_mismatches(dead_letters),
         )
         self.report(batch, result)
+        self.batches_this_run += 1
         fault_point("after_report", batch.batch_id)
         return True
 
@@ -484,6 +498,8 @@ class MicroBatchExecution:
         )
         output = self.executor.execute(inputs, ctx)
         self.tracker.advance(batch.timestamp_ms)
+        # NOTE: never below the watermark this batch ran at (a re-run flush batch)
+        self.tracker.raise_to(batch.watermark_ms)
         return output, ctx
 
     def check_state_budget(self, batch: PlannedBatch, ctx: OperatorContext) -> None:
@@ -617,6 +633,38 @@ class MicroBatchExecution:
         if seconds > 0:
             self.wake.wait(seconds)
         self.wake.clear()
+
+    def end_of_input(self) -> None:
+        """A bounded trigger processed everything: the flush batch when
+        ``flush_at_end`` asks for it, and a note when the run found nothing new."""
+        if self.stopping():
+            return
+        if self.flush_at_end:
+            self.flush()
+        if self.batches_this_run == 0:
+            self.caught_up = self._caught_up_message()
+
+    def flush(self) -> None:
+        """Advance the watermark to the end of input and run the batch that emits
+        every window still open (module docstring); nothing when no row was
+        seen or the watermark is already there (a flushed, caught-up checkpoint)."""
+        target = self.tracker.end_of_input(event_time_reach_ms(self.plan))
+        current = self.tracker.current
+        if target is None or (current is not None and current >= target):
+            return
+        self.tracker.raise_to(target)
+        if self.run_batch(bounds=self.committed_offsets()):
+            log.info("flush batch %d ran at the end-of-input watermark %s",
+                     self.next_batch_id - 1, target)
+
+    def _caught_up_message(self) -> str:
+        root = self.checkpoint.root
+        if self.next_batch_id == 0:
+            return (f"no input: the sources have no data yet, so nothing was written and "
+                    f"checkpoint {root} holds no batch. Run again once data arrives.")
+        return (f"nothing new since batch {self.next_batch_id - 1}: checkpoint {root} has "
+                "already processed every input available, so this run wrote nothing. To "
+                "recompute the results from the start, run on a new checkpoint directory.")
 
     def idle(self) -> None:
         with self.cond:

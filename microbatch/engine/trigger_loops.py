@@ -10,6 +10,9 @@ knows nothing else of it (the :class:`BatchRunner` protocol):
   no-data batch the advanced watermark calls for;
 - :class:`AvailableNowLoop`: capped batches up to the end offsets every source
   has at start, then that no-data batch.
+
+The bounded loops then call ``end_of_input`` (the flush batch of
+``flush_at_end``, and the note of a run that found nothing new).
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ class BatchRunner(Protocol):
 
     def idle(self) -> None:
         """Tell waiters that everything available has been processed."""
+        ...
+
+    def end_of_input(self) -> None:
+        """A bounded trigger processed all its input (``flush_at_end`` runs here)."""
         ...
 
 
@@ -115,6 +122,7 @@ class OnceLoop:
         runner.run_batch(capped=False)
         # the no-data batch that the advanced watermark calls for, no new data
         runner.run_batch(bounds=runner.committed_offsets())
+        runner.end_of_input()
         runner.idle()
 
 
@@ -127,6 +135,7 @@ class AvailableNowLoop:
         targets = runner.available_offsets()
         while not runner.stopping() and runner.run_batch(bounds=targets):
             pass
+        runner.end_of_input()
         runner.idle()
 
 

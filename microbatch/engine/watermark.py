@@ -22,6 +22,8 @@ import polars as pl
 
 from microbatch.frames import collect
 from microbatch.plan.event_time import WatermarkSpec, event_time_ms
+from microbatch.plan.nodes import AggregateNode, DedupeNode, IntervalJoinNode, PlanNode
+from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.types import WatermarkPolicy
 
 PARTITION_COLUMN = "__mb_partition"
@@ -29,7 +31,36 @@ PARTITION_COLUMN = "__mb_partition"
 MAX_REPORTED_PARTITIONS = 256
 """Partitions listed per progress record under ``watermark_partitions``."""
 
-__all__ = ["PARTITION_COLUMN", "WatermarkSpec", "WatermarkTracker", "event_time_ms"]
+__all__ = [
+    "PARTITION_COLUMN",
+    "WatermarkSpec",
+    "WatermarkTracker",
+    "event_time_ms",
+    "event_time_reach_ms",
+]
+
+
+def event_time_reach_ms(plan: PlanNode) -> int:
+    """How far past a row's event time the plan's stateful operators may hold it.
+
+    The sum over stateful nodes of a window's size plus its allowed lateness, a
+    session's gap, an interval join's widest bound and a dedupe's ``within``
+    (chained operators add up, so the sum bounds them all). A watermark of
+    ``newest event time + reach`` closes every window, session and join
+    buffer that rows up to the newest event time opened: the end of input of
+    ``flush_at_end`` (see :meth:`WatermarkTracker.end_of_input`).
+    """
+    reach = 0
+    for node in plan.walk():
+        if isinstance(node, AggregateNode) and isinstance(node.window, WindowSpec):
+            reach += node.window.size_ms + node.window.allowed_lateness_ms
+        elif isinstance(node, AggregateNode) and isinstance(node.window, SessionWindowSpec):
+            reach += node.window.gap_ms
+        elif isinstance(node, IntervalJoinNode):
+            reach += max(abs(node.spec.lower_ms), abs(node.spec.upper_ms))
+        elif isinstance(node, DedupeNode):
+            reach += node.within_ms or 0
+    return reach
 
 
 
@@ -126,6 +157,29 @@ class WatermarkTracker:
         if self.current is None or new > self.current:
             self.current = new
         return self.current
+
+    def raise_to(self, watermark_ms: int | None) -> None:
+        """Hold the watermark at ``watermark_ms`` at least (it never moves backwards).
+
+        NOTE: after a batch ran at watermark W, the next one must not run below
+        W; a re-run of a flush batch restores the tracker from the commit before
+        it, whose watermark is lower, so the engine raises it to the batch's own.
+        """
+        if watermark_ms is not None and (self.current is None or watermark_ms > self.current):
+            self.current = watermark_ms
+
+    def end_of_input(self, reach_ms: int) -> int | None:
+        """The watermark at the end of a bounded input: the newest event time seen
+        on any partition (the delay no longer matters: nothing more comes) plus
+        ``reach_ms`` (:func:`event_time_reach_ms`); ``None`` when no row was seen.
+
+        Flink's ``MAX_WATERMARK`` at the end of input, made finite so that a later
+        run on the same checkpoint still accepts rows of newer windows.
+        """
+        newest = [p["max"] for parts in self.partitions.values() for p in parts.values()]
+        if not newest:
+            return None
+        return max(newest) + reach_ms
 
     def to_json(self) -> dict[str, Any]:
         return {"watermark_ms": self.current, "partitions": self.partitions}

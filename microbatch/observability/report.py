@@ -24,6 +24,7 @@ from microbatch.observability.progress import load_progress
 from microbatch.observability.progress_schema import ProgressRecord, SourceLag, step_durations
 from microbatch.observability.status import fmt_time, status_document
 from microbatch.observability.status_view import fmt_bytes, fmt_int, fmt_seconds
+from microbatch.observability.timefmt import is_history, watermark_lag_text
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -105,12 +106,50 @@ def _durations(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
     return any(bottom)
 
 
+def replaying_history(records: Sequence[ProgressRecord]) -> bool:
+    """True when the newest watermark lag says the data is old (a replay, a backfill):
+    then the event time itself is plotted, as dates, not a lag of millions of seconds."""
+    lags = [r["watermark_lag_ms"] for r in records if r["watermark_lag_ms"] is not None]
+    return bool(lags) and is_history(lags[-1])
+
+
+def time_unit(values_s: Sequence[float]) -> tuple[str, float]:
+    """The unit that keeps an axis of seconds readable: (name, seconds per unit)."""
+    top = max((abs(v) for v in values_s if not math.isnan(v)), default=0.0)
+    for name, size in (("days", 86_400.0), ("hours", 3_600.0), ("minutes", 60.0)):
+        if top >= 2 * size:
+            return name, size
+    return "seconds", 1.0
+
+
 def _watermark_lag(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
-    ys = [_value(r["watermark_lag_ms"], scale=1 / 1000) for r in records]
+    if replaying_history(records):
+        from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+
+        marks = [(r["batch_id"], r["watermark_ms"]) for r in records
+                 if r["watermark_ms"] is not None]
+        ax.plot([b for b, _ in marks], [_as_date(ms) for _, ms in marks], marker=".",
+                color="tab:purple", label="watermark (event time, UTC): replaying old data")
+        locator = AutoDateLocator()  # type: ignore[no-untyped-call]
+        ax.yaxis.set_major_locator(locator)
+        ax.yaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
+        ax.set_ylabel("event time (UTC)")
+        _legend(ax)
+        return bool(marks)
+    seconds = [_value(r["watermark_lag_ms"], scale=1 / 1000) for r in records]
+    unit, size = time_unit(seconds)
+    ys = [v / size for v in seconds]
     ax.plot(_ids(records), ys, marker=".", color="tab:purple", label="wall clock - watermark")
-    ax.set_ylabel("seconds")
+    ax.set_ylabel(unit)
     _legend(ax)
     return _has(ys)
+
+
+def _as_date(ms: int) -> Any:
+    """Epoch ms as a timezone-aware datetime (what matplotlib's date axes take)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def _source_lag(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
@@ -173,14 +212,15 @@ def _latency(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
     x = _ids(records)
     got = False
     latencies = [r["latency_ms"] for r in records]
-    for ys, label in (([_value(m["max_ms"] if m else None, scale=1 / 1000) for m in latencies],
-                        "max"),
-                       ([_value(m["median_ms"] if m else None, scale=1 / 1000)
-                         for m in latencies], "median")):
+    series = (([_value(m["max_ms"] if m else None, scale=1 / 1000) for m in latencies], "max"),
+              ([_value(m["median_ms"] if m else None, scale=1 / 1000) for m in latencies],
+               "median"))
+    unit, size = time_unit([v for ys, _ in series for v in ys])
+    for ys, label in series:
         if _has(ys):
-            ax.plot(x, ys, marker=".", label=f"{label} (now - event time)")
+            ax.plot(x, [v / size for v in ys], marker=".", label=f"{label} (now - event time)")
             got = True
-    ax.set_ylabel("seconds")
+    ax.set_ylabel(unit)
     _legend(ax)
     return got
 
@@ -188,7 +228,8 @@ def _latency(ax: Axes, records: Sequence[ProgressRecord]) -> bool:
 PLOTS = (
     Plot("rows_per_second", "Rows per second: arriving and processed", _rates),
     Plot("batch_duration", "Batch duration by step, against the trigger interval", _durations),
-    Plot("watermark_lag", "Watermark lag (wall clock minus watermark)", _watermark_lag),
+    Plot("watermark_lag", "Watermark lag (wall clock minus watermark); when replaying old "
+         "data, the watermark's event time", _watermark_lag),
     Plot("source_lag", "Source lag: not yet read (solid) and age of the oldest (dotted)",
          _source_lag),
     Plot("state_size", "State size per operator", _state),
@@ -201,7 +242,7 @@ PLOTS = (
 def render_png(plot: Plot, records: Sequence[ProgressRecord]) -> bytes:
     """One figure as PNG bytes (matplotlib's Agg renderer, no pyplot state)."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
     fig = Figure(figsize=(10, 3.4), dpi=100, layout="constrained")
     ax = fig.subplots()
@@ -209,7 +250,8 @@ def render_png(plot: Plot, records: Sequence[ProgressRecord]) -> bytes:
     if not drew:
         ax.text(0.5, 0.5, "no data recorded", ha="center", va="center",
                 transform=ax.transAxes, color="gray", fontsize="large")
-    ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # no "+2.9e7" offsets
+    if isinstance(ax.yaxis.get_major_formatter(), ScalarFormatter):  # not a date axis
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")  # no "+2.9e7" offsets
     ax.set_title(plot.title, loc="left", fontsize="medium")
     ax.set_xlabel("batch id")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -266,7 +308,8 @@ def render_html(
         ("batches recorded", f"{len(records)} (batch {first} to {last})" if records else "none"),
         ("trigger", doc.get("trigger") or "-"),
         ("watermark", doc.get("watermark") or "none"),
-        ("watermark lag now", fmt_seconds(doc.get("watermark_lag_ms"))),
+        ("watermark lag now", watermark_lag_text(doc.get("watermark_lag_ms"))
+         .removeprefix("lag ")),
         ("state size", f"{fmt_int(doc.get('state_rows'))} rows, "
                        f"{fmt_bytes(doc.get('state_bytes'))}"),
         ("late rows (all recorded batches)",

@@ -80,7 +80,12 @@ def status_document(
     owner = read_lock_owner(chk.root / "lock") if running else None
     planned = chk.offsets.latest()
     committed = chk.commits.latest()
-    pending = planned is not None and (committed is None or committed.batch_id < planned.batch_id)
+    uncommitted = planned is not None and (
+        committed is None or committed.batch_id < planned.batch_id
+    )
+    # NOTE: a running query's newest batch is uncommitted while it runs: that is not a
+    # batch awaiting recovery (only a stopped or crashed query leaves one)
+    pending = uncommitted and not running
     records = load_progress(chk.progress_dir, limit=max(last, ALARM_WINDOW))
     shown = records[-last:]
     newest = records[-1] if records else None
@@ -93,7 +98,7 @@ def status_document(
          "description": descriptions.get(sid), "lag": lags.get(sid)}
         for sid, r in (planned.to_json()["sources"].items() if planned else [])
     ]
-    if committed is not None and not pending:
+    if committed is not None and not uncommitted:
         watermark_ms = committed.next_watermark_ms
     else:
         watermark_ms = planned.watermark_ms if planned else None
@@ -111,11 +116,13 @@ def status_document(
         "last_planned_batch": planned.batch_id if planned else None,
         "last_committed_batch": committed.batch_id if committed else None,
         "pending_recovery": pending,
+        "batch_in_flight": bool(uncommitted and running),
         "trigger": newest["trigger"] if newest else None,
         "trigger_interval_ms": newest["trigger_interval_ms"] if newest else None,
         "sources": sources,
         "source_lag_records": newest["source_lag_records"] if newest else None,
         "source_lag_seconds": newest["source_lag_seconds"] if newest else None,
+        "source_lag_unit": lag_unit(newest_sources),
         "watermark_ms": watermark_ms,
         "watermark": fmt_time(watermark_ms),
         "watermark_lag_ms": None if watermark_ms is None else now_ms - watermark_ms,
@@ -131,6 +138,13 @@ def status_document(
         "alarms": alarms(records, last_error=last_error, running=running),
         **averages(shown),
     }
+
+
+def lag_unit(sources: Sequence[Any]) -> str:
+    """What a source lag counts: ``files`` when every source is a files source,
+    ``records`` otherwise (Kafka, generator, memory, mixed)."""
+    units = {(s.get("lag") or {}).get("unit") for s in sources}
+    return "files" if units == {"files"} else "records"
 
 
 def batch_summary(r: ProgressRecord) -> dict[str, Any]:

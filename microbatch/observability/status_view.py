@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from microbatch.observability.status import fmt_time
+from microbatch.observability.timefmt import fmt_duration_ms, watermark_lag_text
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
 MAX_PARTITION_ROWS = 10
@@ -50,24 +51,16 @@ def fmt_bytes(value: Any) -> str:
 
 
 def fmt_seconds(ms: Any) -> str:
-    """Milliseconds as ``3.2 s`` / ``4.1 min`` / ``2.0 h``; ``-`` when unknown."""
-    if not isinstance(ms, int | float):
-        return "-"
-    s = ms / 1000
-    if abs(s) < 120:
-        return f"{s:,.1f} s"
-    if abs(s) < 7200:
-        return f"{s / 60:,.1f} min"
-    if abs(s) < 360_000:
-        return f"{s / 3600:,.1f} h"
-    return f"{s / 86400:,.0f} d"
+    """Milliseconds as ``3.2 s`` / ``4.1 min`` / ``8 h 3 min`` / ``336 d 2 h``; ``-``
+    when unknown (:func:`~microbatch.observability.timefmt.fmt_duration_ms`)."""
+    return fmt_duration_ms(ms)
 
 
 def lag_text(records: Any, seconds: Any, unit: str = "records") -> str:
-    """``1,200 records (oldest 3.4 s)``."""
+    """``1,200 records (oldest 3.4 s)``; ``1 file``."""
     if records is None and seconds is None:
         return "unknown"
-    text = f"{fmt_int(records)} {unit}"
+    text = f"{fmt_int(records)} {unit.removesuffix('s') if records == 1 else unit}"
     if records == 0:
         return text + " (caught up)"
     if seconds is not None:
@@ -100,6 +93,7 @@ def _summary(doc: dict[str, Any]) -> Table:
     summary.add_column()
     error = doc.get("last_error")
     pending = doc["pending_recovery"]
+    in_flight = doc.get("batch_in_flight")
     rows = [
         ("checkpoint", escape(doc["checkpoint"])),
         ("query id", doc["query_id"]),
@@ -111,11 +105,13 @@ def _summary(doc: dict[str, Any]) -> Table:
         ("last planned batch", _or_none(doc["last_planned_batch"])),
         ("last committed batch", _or_none(doc["last_committed_batch"])),
         ("pending recovery", f"[yellow]yes: batch {doc['last_planned_batch']} is re-run on the "
-                             "next start[/]" if pending else "no"),
+                             "next start[/]" if pending else
+         f"no (batch {doc['last_planned_batch']} is running now)" if in_flight else "no"),
         ("trigger", doc.get("trigger") or "-"),
         ("watermark", doc["watermark"] or "none"),
-        ("watermark lag", fmt_seconds(doc.get("watermark_lag_ms"))),
-        ("source lag", lag_text(doc.get("source_lag_records"), doc.get("source_lag_seconds"))),
+        ("watermark lag", watermark_lag_text(doc.get("watermark_lag_ms")).removeprefix("lag ")),
+        ("source lag", lag_text(doc.get("source_lag_records"), doc.get("source_lag_seconds"),
+                                doc.get("source_lag_unit") or "records")),
         ("state size", f"{fmt_int(doc.get('state_rows'))} rows, "
                        f"{fmt_bytes(doc.get('state_bytes'))}"),
         ("state expired (ttl)",

@@ -167,10 +167,11 @@ def test_run_progress_lines_show_lag_and_watermark(
     BatchLines().batch(first, stats)  # not a terminal: one plain line per batch
     line = capsys.readouterr().err
     assert "batch 0: 2 rows in" in line
-    assert "lag 1 records" in line
-    # the watermark after the batch: newest event time (t0 + 2 s) minus the 10 s delay
-    wm = (t0 + timedelta(seconds=2 - 10)).strftime("%H:%M:%S")
-    assert f"watermark {wm} (lag " in line
+    assert "lag 1 record," in line
+    # the watermark after the batch, with its date: newest event time (t0 + 2 s) minus
+    # the 10 s delay
+    wm = (t0 + timedelta(seconds=2 - 10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"watermark {wm} (" in line
     second = query.recent_progress[1]
     stats.add(second)
     BatchLines().batch(second, stats)
