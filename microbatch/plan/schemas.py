@@ -17,10 +17,12 @@ import difflib
 import re
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 import polars as pl
 
 from microbatch.exceptions import PlanError, UnknownColumnError
+from microbatch.plan.columns import column_name
 
 __all__ = [
     "check_columns",
@@ -34,15 +36,22 @@ __all__ = [
 _cache: weakref.WeakKeyDictionary[object, pl.Schema | None] = weakref.WeakKeyDictionary()
 
 
-def output_schema(node: object) -> pl.Schema | None:
+class SchemaNode(Protocol):
+    """What :func:`output_schema` needs of a plan node (a protocol, so this module
+    does not import ``plan.nodes``, which imports it)."""
+
+    @property
+    def children(self) -> tuple[SchemaNode, ...]: ...
+
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None: ...
+
+
+def output_schema(node: SchemaNode) -> pl.Schema | None:
     """The schema of ``node``'s output rows (``None``: known only when a batch runs).
 
     Hidden engine columns (``__mb_*``) are not part of it. Computed once per
     node (plan nodes are immutable) and cached.
     """
-    from microbatch.plan.nodes import PlanNode
-
-    assert isinstance(node, PlanNode)
     if node in _cache:
         return _cache[node]
     inputs = [output_schema(child) for child in node.children]
@@ -51,19 +60,6 @@ def output_schema(node: object) -> pl.Schema | None:
     )
     _cache[node] = schema
     return schema
-
-
-def column_name(key: str | pl.Expr, where: str) -> str:
-    """A column name given as a string or as ``pl.col(name)`` (a Polars habit);
-    any other expression is refused with the fix (add it as a column first)."""
-    if isinstance(key, str):
-        return key
-    if isinstance(key, pl.Expr) and key.meta.is_column():
-        return key.meta.output_name()
-    raise PlanError(
-        f"{where} takes a column name or pl.col(name), not the expression {key}; "
-        f"add it as a column first, e.g. .with_columns(k={key}) and then {where}(\"k\")"
-    )
 
 
 def closest_columns(name: str, columns: Iterable[str], n: int = 3) -> list[str]:

@@ -13,7 +13,7 @@ import polars as pl
 
 from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError
-from microbatch.plan.schemas import column_name
+from microbatch.plan.columns import column_name
 
 
 @dataclass(frozen=True)
