@@ -112,7 +112,9 @@ class MemorySink(Sink):
     def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
         """Store ``df`` as batch ``batch.batch_id``."""
         batch_id = batch.batch_id
-        if batch.output_mode == "update":
+        if batch.output_mode == "update" and df.width:
+            # NOTE: a batch without columns (a source without a declared schema
+            # whose every record was a dead letter) has no rows to upsert
             missing = [c for c in batch.key_columns if c not in df.columns]
             if missing:
                 raise SinkError(

@@ -43,11 +43,11 @@ How the engine numbers them (``microbatch/operators``):
 Either way a store's version never exceeds ``N + 1`` for a batch ``N`` that has
 ``offsets/N``, which is what recovery and the crash explorer check.
 
-NOTE: a known gap of the first rule (not yet fixed): it assumes the store
-exists from batch 0. Over a source without a declared schema whose first
-batch has no columns (every record malformed), those operators define their
-store in a later batch B and load version B of an empty directory, which
-raises ``StateCorruptError``; the joins' ``base`` exists for exactly this.
+An operator of the first rule defined in a later batch B than 0 (over a source
+without a declared schema whose batches before B had no columns: every record
+a dead letter) starts its store at version B: ``provider.begin_at(B)`` writes
+the empty state as version B before the operator records its schema, so batch
+B loads version B as every batch does.
 """
 
 from __future__ import annotations

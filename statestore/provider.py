@@ -120,6 +120,27 @@ class StateStoreProvider:
         """Newest committed version on disk (0 when none)."""
         return self._files.latest()
 
+    def begin_at(self, version: int) -> None:
+        """Make ``version`` hold the empty state in a directory without versions.
+
+        For an operator defined in batch ``version`` rather than batch 0 (its
+        input had no columns before: a source without a declared schema whose
+        first batches were all dead letters): batch N loads version N, so
+        version ``version`` must exist. Writes an empty snapshot durably; a no-op
+        when any version is already committed (a batch re-run after a crash).
+        Call it before recording the operator's schema, which makes the store
+        exist on a restart.
+        """
+        if version <= 0 or self._files.latest() > 0:
+            return
+        write_arrow(
+            self._files.path("snapshot", version),
+            pl.DataFrame(schema=self.schema.polars_schema),
+            kind="snapshot",
+            version=version,
+            compression=self._compression,
+        )
+
     def load(self, version: int) -> StateStore:
         """The store holding committed ``version`` (0: the empty state).
 

@@ -31,6 +31,7 @@ from microbatch.plan.nodes import (
     StepNode,
     WatermarkNode,
 )
+from microbatch.plan.schemas import output_schema
 from microbatch.sources.base import Source
 from microbatch.types import OutputMode
 
@@ -90,6 +91,13 @@ class BatchExecutor:
         # a node's position in plan.walk(): the same in every process given the plan
         self.positions: dict[int, int] = {id(node): i for i, node in enumerate(plan.walk())}
         self._exchanged: Mapping[tuple[int, int], pl.DataFrame] = {}
+        # steps over input of a schema unknown at build time: a batch of such a
+        # source may have no columns at all (every record a dead letter), and a
+        # step naming a column cannot apply to it; the empty batch passes on
+        self._may_lack_columns = {
+            id(node) for node in plan.walk()
+            if isinstance(node, StepNode) and output_schema(node.child) is None
+        }
 
     def node_ids(self) -> dict[int, str]:
         """Plan node (``id(node)``) -> its id here: ``agg-0``, ``wm-0``, or a
@@ -163,7 +171,10 @@ class BatchExecutor:
         if isinstance(node, SourceNode):
             return inputs[self._ids[id(node.source)]].lazy()
         if isinstance(node, StepNode):
-            return node.step.apply(self._lazy(node.child, inputs, ctx))
+            child = self._lazy(node.child, inputs, ctx)
+            if id(node) in self._may_lack_columns and not _visible_columns(child):
+                return child
+            return node.step.apply(child)
         if isinstance(node, WatermarkNode):
             df = collect(self._lazy(node.child, inputs, ctx))
             self.tracker.observe(self._wm_ids[id(node)], df, ctx.timestamp_ms)
@@ -294,3 +305,8 @@ if not TYPE_CHECKING:  # mypy would take every missing name for a moved one
         version="0.2.0",
     )
     """Builders live beside their operators (:mod:`microbatch.operators.registry`)."""
+
+
+def _visible_columns(frame: pl.LazyFrame) -> list[str]:
+    """The frame's columns other than the engine's hidden ``__mb_*`` ones."""
+    return [c for c in frame.collect_schema() if not c.startswith("__mb_")]

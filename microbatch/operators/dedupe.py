@@ -113,8 +113,10 @@ class Deduplicate(SingleStoreOperator):
                 "out_time": None,
             }
             assert self.state_dir is not None
-            write_keyed_schema(self.state_dir, schema)
             self._make_provider(schema)
+            assert self.provider is not None
+            self.provider.begin_at(batch_id)  # defined in a later batch than 0
+            write_keyed_schema(self.state_dir, schema)
         assert self.provider is not None
         self.store = self.provider.load(batch_id)
         return self.store

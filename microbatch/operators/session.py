@@ -136,8 +136,9 @@ class SessionAggregate(StatefulOperator):
                 "out_time": df.schema[self.window.column],
             }
             assert self.state_dir is not None
-            write_keyed_schema(self.state_dir, schema)
             self._make_providers(schema)
+            self.state.begin_at(batch_id)  # defined in a later batch than 0
+            write_keyed_schema(self.state_dir, schema)
         elif df.width:
             check_input_types(
                 self.state_dir,

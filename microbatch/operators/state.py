@@ -57,6 +57,11 @@ class StoreSet:
             added_values=added_values,
         )
 
+    def begin_at(self, version: int) -> None:
+        """Every store starts at ``version`` (see ``StateStoreProvider.begin_at``)."""
+        for provider in self.providers.values():
+            provider.begin_at(version)
+
     def load(self, name: str, version: int) -> StateStore:
         """Store ``name`` at committed ``version``, for this batch."""
         store = self.providers[name].load(version)

@@ -186,8 +186,9 @@ class TransformWithState(StatefulOperator):
                 )
             keys = pl.Schema({k: df.schema[k] for k in self.keys})
             pending = df.schema if self.spec.event_time_order else None
-            self._record(dict(keys), dict(self.spec.state_schema), (), pending)
             self._define(keys, pending)
+            self.state.begin_at(batch_id)  # defined in a later batch than 0
+            self._record(dict(keys), dict(self.spec.state_schema), (), pending)
         elif df.width and self.pending_schema is not None and df.schema != self.pending_schema:
             raise PlanError(
                 f"transform_with_state(event_time_order=True) keeps the rows waiting for the "

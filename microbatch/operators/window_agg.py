@@ -194,8 +194,10 @@ class WindowAggregate(SingleStoreOperator):
                 return False
             schema = self._state_schema(df)
             assert self.state_dir is not None
-            write_keyed_schema(self.state_dir, schema)
             self._make_provider(schema)
+            assert self.provider is not None
+            self.provider.begin_at(batch_id)  # defined in a later batch than 0
+            write_keyed_schema(self.state_dir, schema)
         elif df.width:
             self._check_types(df, batch_id)
         return True
