@@ -20,13 +20,15 @@ traceback (``--verbose`` adds the traceback of a failed query).
 from __future__ import annotations
 
 from microbatch.cli import inspect, queries, tables
-from microbatch.cli.common import app
+from microbatch.cli.common import JobCommand, app
 
 __all__ = ["app", "main"]
 
 for command in (queries.run, inspect.status, inspect.report, queries.demo, queries.backfill,
                 tables.diff, tables.lateness):
-    app.command()(command)  # in the order of `microbatch --help`
+    # in the order of `microbatch --help`; a command taking a job lists its parameters
+    job_command = command in (queries.run, queries.backfill)
+    app.command(cls=JobCommand if job_command else None)(command)
 
 
 def main() -> None:

@@ -180,6 +180,10 @@ def _query_failed(query: StreamingQuery, exc: QueryTerminatedError, job: Path) -
     return fail(message, 1)
 
 
+def _note(message: str) -> None:
+    err.print(f"[yellow]note:[/] {escape(message)}", soft_wrap=True)
+
+
 def _finish(query: StreamingQuery, stats: RunStats, stopper: StopOnSignal) -> None:
     why = f" ({stopper.reason})" if stopper.reason else ""
     committed = query.status["next_batch_id"] - 1
@@ -203,7 +207,8 @@ def run(
     ))] = "0s",
     param: Annotated[list[str] | None, typer.Option(
         "--param", "-p", metavar="KEY=VALUE",
-        help="A parameter passed to build(params); repeatable.")] = None,
+        help="A parameter of the job, checked against the ones it declares "
+             "(`JOB.py --help` lists them); repeatable.")] = None,
     name: Annotated[str | None, typer.Option(metavar="NAME",
                                                 help="A name for the query (logs, progress).")]
     = None,
@@ -220,7 +225,7 @@ def run(
              "(for tiny batches on slow disks).")] = DurabilityOption.fsync,
     workers: Annotated[int | None, typer.Option(
         min=1, metavar="N",
-        help="Run the plan on N Ray workers (needs microbatch[ray]); a local Ray cluster "
+        help="Run the plan on N Ray workers (needs microbatch\\[ray]); a local Ray cluster "
              "is started unless --ray-address is given.")] = None,
     ray_address: Annotated[str | None, typer.Option(
         metavar="ADDR", help="The Ray cluster to run the workers on (host:port or "
@@ -242,7 +247,7 @@ def run(
                 from microbatch.distributed import RayExecutor
 
                 executor = RayExecutor(workers=workers or 2, address=ray_address)
-            writer = build_writer(job, params)
+            writer = build_writer(job, params, note=_note)
             display = LiveLine("microbatch") if out.is_terminal else BatchLines()
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name=name, stopper=stopper, display=display,
@@ -336,7 +341,8 @@ def backfill(
         metavar="DIR", show_default=False)],
     param: Annotated[list[str] | None, typer.Option(
         "--param", "-p", metavar="KEY=VALUE",
-        help="A parameter passed to build(params); repeatable.")] = None,
+        help="A parameter of the job, checked against the ones it declares "
+             "(`JOB.py --help` lists them); repeatable.")] = None,
     name: Annotated[str | None, typer.Option(metavar="NAME",
                                                 help="A name for the query (logs, progress).")]
     = None,
@@ -366,7 +372,7 @@ def backfill(
         with StopOnSignal() as stopper:
             params = parse_params(param or [])
             spec = parse_trigger("available-now")
-            writer = build_writer(job, params)
+            writer = build_writer(job, params, note=_note)
             if replace_where is not None:
                 if Checkpoint(checkpoint).exists():
                     raise CliError(

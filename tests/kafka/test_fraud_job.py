@@ -42,7 +42,10 @@ def job() -> ModuleType:
 
 
 def run_job(fraud: ModuleType, params: dict[str, str], chk: Path) -> None:
-    query = fraud.build(params).start(checkpoint=chk, trigger="available-now")
+    from microbatch.cli.jobfile import job_params_parse
+
+    declared = job_params_parse(fraud.Params, params, Path(fraud.__file__))
+    query = fraud.build(declared).start(checkpoint=chk, trigger="available-now")
     assert query.await_termination(300)
 
 
