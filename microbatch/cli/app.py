@@ -19,8 +19,14 @@ traceback (``--verbose`` adds the traceback of a failed query).
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+from types import FrameType
+
 from microbatch.cli import inspect, queries, tables
 from microbatch.cli.common import JobCommand, app
+from microbatch.cli.interrupt import EXIT_INTERRUPTED
 
 __all__ = ["app", "main"]
 
@@ -32,8 +38,24 @@ for command in (queries.run, inspect.status, inspect.report, queries.demo, queri
 
 
 def main() -> None:
-    """Entry point of the ``microbatch`` console script."""
-    app()
+    """Entry point of the ``microbatch`` console script.
+
+    Inside the ``try``, SIGINT says so in one line and raises
+    ``KeyboardInterrupt`` (Typer turns it into exit code 130; ``status --watch``
+    ends on it), so a Ctrl-C at any moment before a command installs its own
+    handler is never a traceback; before the ``try``,
+    :mod:`microbatch.cli.interrupt` exits 130 at once.
+    """
+    try:
+        signal.signal(signal.SIGINT, _interrupted)
+        app()
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    os.write(2, b"\ninterrupted (SIGINT)\n")
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -46,8 +46,8 @@ import itertools
 import os
 import sys
 import traceback
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 

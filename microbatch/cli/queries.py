@@ -27,6 +27,7 @@ from microbatch.cli.display import (
     err,
     out,
 )
+from microbatch.cli.interrupt import EXIT_INTERRUPTED
 from microbatch.engine.durability import Durability
 from microbatch.engine.executors import Executor
 from microbatch.exceptions import USER_ERRORS, QueryTerminatedError
@@ -56,7 +57,8 @@ class DurabilityOption(StrEnum):
 
 
 class StopOnSignal:
-    """First SIGINT/SIGTERM: graceful stop; second: ``os._exit(130)`` at once.
+    """First SIGINT/SIGTERM: graceful stop (then exit 130 for SIGINT, 0 for
+    SIGTERM); second: ``os._exit(130)`` at once.
 
     The handler only sets flags and calls ``request_stop`` (which just sets
     events), so it is safe whatever the main thread is doing.
@@ -185,6 +187,8 @@ def _note(message: str) -> None:
 
 
 def _finish(query: StreamingQuery, stats: RunStats, stopper: StopOnSignal) -> None:
+    """Print the run's totals; exit 130 when SIGINT stopped it (the batch in flight
+    was committed first), else return (exit 0)."""
     why = f" ({stopper.reason})" if stopper.reason else ""
     committed = query.status["next_batch_id"] - 1
     err.print(
@@ -193,6 +197,8 @@ def _finish(query: StreamingQuery, stats: RunStats, stopper: StopOnSignal) -> No
         f"last committed batch: {committed if committed >= 0 else 'none'}.",
         soft_wrap=True,
     )
+    if stopper.reason == "SIGINT":
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def run(
@@ -320,13 +326,24 @@ def demo(
         f"webhook received {pages['accepted']:,} alerts ({pages['duplicates']:,} "
         f"redeliveries, {pages['conflicts']} with a changed body).\n"
         f"  alerts:     {escape(str(out_dir))}  (Delta, one row per alert_id)\n"
-        f"  late:       {escape(str(out_dir))}-late  (payments more than an hour late)\n"
+        f"  late:       {_late_line(Path(f'{out_dir}-late'))}\n"
         f"  checkpoint: {escape(str(chk_dir))}  (run the demo again to continue from it; "
         f"`microbatch status {escape(str(chk_dir))}` shows its batches)\n"
         "read the alerts with:\n"
         f"  [cyan]import polars as pl; df = pl.read_delta({str(out_dir)!r})[/]",
         soft_wrap=True,
     )
+    if stopper.reason == "SIGINT":
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _late_line(late: Path) -> str:
+    """The demo's late-payments table: its path when a late payment was written,
+    else where one would go (the table is created by the first late payment)."""
+    if (late / "_delta_log").is_dir():
+        return f"{escape(str(late))}  (Delta, payments more than an hour late)"
+    return (f"none: no payment was more than an hour late in this run (they would go to "
+            f"{escape(str(late))})")
 
 
 # ------------------------------------------------------------------ backfill
