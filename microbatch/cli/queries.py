@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from microbatch.api.query import StreamingQuery
 from microbatch.api.writer import DataStreamWriter
+from microbatch.cli import preflight
 from microbatch.cli.common import CliError, fail, parse_params
 from microbatch.cli.display import (
     BatchLines,
@@ -182,6 +183,17 @@ def _query_failed(query: StreamingQuery, exc: QueryTerminatedError, job: Path) -
     return fail(message, 1)
 
 
+def _native_panic(exc: BaseException, what: str) -> BaseException:
+    """A panic of a native library (pyo3's ``PanicException`` derives from
+    ``BaseException``) as exit code 2 with its message; anything else unchanged."""
+    if type(exc).__name__ != "PanicException":
+        return exc
+    return fail(
+        f"cannot start the {what}: a native library (delta-rs, Arrow) panicked: {exc}. "
+        "This is often a permission or path problem of an input or output: check that "
+        "this user can read the inputs and write the outputs", 2)
+
+
 def _note(message: str) -> None:
     err.print(f"[yellow]note:[/] {escape(message)}", soft_wrap=True)
 
@@ -254,6 +266,7 @@ def run(
 
                 executor = RayExecutor(workers=workers or 2, address=ray_address)
             writer = build_writer(job, params, note=_note)
+            preflight.check(writer)
             display = LiveLine("microbatch") if out.is_terminal else BatchLines()
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name=name, stopper=stopper, display=display,
@@ -266,6 +279,8 @@ def run(
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:
         raise fail(f"cannot start the query: {exc}", 2) from None
+    except BaseException as exc:
+        raise _native_panic(exc, "query") from None
     if error is not None:
         raise _query_failed(query, error, job)
     _finish(query, stats, stopper)
@@ -316,6 +331,8 @@ def demo(
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:
         raise fail(f"cannot start the demo: {exc}", 2) from None
+    except BaseException as exc:
+        raise _native_panic(exc, "demo") from None
     if error is not None:
         raise _query_failed(query, error, Path(demo_job.__file__))
     out_dir, chk_dir = output.expanduser().resolve(), Path(query.checkpoint)
@@ -390,6 +407,7 @@ def backfill(
             params = parse_params(param or [])
             spec = parse_trigger("available-now")
             writer = build_writer(job, params, note=_note)
+            preflight.check(writer)
             if replace_where is not None:
                 if Checkpoint(checkpoint).exists():
                     raise CliError(
@@ -413,6 +431,8 @@ def backfill(
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:
         raise fail(f"cannot start the backfill: {exc}", 2) from None
+    except BaseException as exc:
+        raise _native_panic(exc, "backfill") from None
     if error is not None:
         raise _query_failed(query, error, job)
     _finish(query, stats, stopper)
