@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
-import click
 import typer
 from rich.markup import escape
 from typer.core import TyperCommand
@@ -102,12 +101,12 @@ class JobCommand(TyperCommand):
     """A command taking ``JOB.py`` and ``--param``: its ``--help`` ends with the
     parameters the job declares (``microbatch run JOB.py --help``)."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         """Note the raw arguments: ``--help`` is handled before JOB is parsed."""
         ctx.meta["microbatch.raw_args"] = list(args)
         return super().parse_args(ctx, args)
 
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_help(self, ctx: Any, formatter: Any) -> None:
         """The command's help, then the job's parameters when a job file is given."""
         super().format_help(ctx, formatter)
         raw = ctx.meta.get("microbatch.raw_args", [])

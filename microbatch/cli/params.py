@@ -130,10 +130,10 @@ def specs(cls: type) -> list[ParamSpec]:
                 "--param cannot give; use str, int, float, bool, Path, Literal[...], "
                 "dict[str, str], or one of them | None"
             )
-        has_default = (field.default is not dataclasses.MISSING
-                       or field.default_factory is not dataclasses.MISSING)
+        factory = field.default_factory
+        has_default = field.default is not dataclasses.MISSING or callable(factory)
         default = (field.default if field.default is not dataclasses.MISSING
-                   else field.default_factory() if has_default else None)  # type: ignore[misc]
+                   else factory() if callable(factory) else None)
         result.append(ParamSpec(field.name, kind, optional, not has_default, default, help_text))
     return result
 
