@@ -2,8 +2,8 @@
 ``backfill``, ``diff``, ``lateness``): user mistakes are one clear message and
 exit code 2, never a traceback; Ctrl-C at any moment is exit code 130.
 
-Importing this package is cheap (``microbatch`` imports :mod:`.interrupt`
-from it first); the commands are imported when :func:`main` runs.
+Importing this package is cheap: the commands are imported when :func:`main`
+runs (Ctrl-C before that: :mod:`microbatch._interrupt`).
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ import signal
 import sys
 from types import FrameType
 
+from microbatch._interrupt import EXIT_INTERRUPTED
 from microbatch.cli import inspect, queries, tables
 from microbatch.cli.common import JobCommand, app
-from microbatch.cli.interrupt import EXIT_INTERRUPTED
 
 __all__ = ["app", "main"]
 
@@ -44,7 +44,7 @@ def main() -> None:
     ``KeyboardInterrupt`` (Typer turns it into exit code 130; ``status --watch``
     ends on it), so a Ctrl-C at any moment before a command installs its own
     handler is never a traceback; before the ``try``,
-    :mod:`microbatch.cli.interrupt` exits 130 at once.
+    :mod:`microbatch._interrupt` exits 130 at once.
     """
     try:
         signal.signal(signal.SIGINT, _interrupted)

@@ -116,7 +116,7 @@ def build_writer(path: str | os.PathLike[str], params: dict[str, str], *,
 
     A job that declares a ``Params`` dataclass gets one built from ``params``
     (checked first); an undeclared job gets the dict, and ``note`` is called
-    with a sentence saying so when ``params`` is not empty.
+    with a sentence saying so when ``params`` is not empty and build succeeded.
     Returns the unstarted :class:`~microbatch.DataStreamWriter`. Raises
     :class:`JobError` when the job has no callable ``build`` taking one
     argument, when ``build`` raises (naming the exception and the job's
@@ -134,9 +134,6 @@ def build_writer(path: str | os.PathLike[str], params: dict[str, str], *,
         )
     _check_signature(build, file)
     declared = job_params(build, file)
-    if declared is None and params and note is not None:
-        note(f"job {_shown(file)} declares no Params dataclass: its --param values "
-             f"({', '.join(sorted(params))}) are passed to build() unchecked")
     arguments: Any = dict(params) if declared is None else job_params_parse(
         declared, params, file)
     try:
@@ -146,6 +143,9 @@ def build_writer(path: str | os.PathLike[str], params: dict[str, str], *,
     except Exception as exc:
         raise JobError(_build_failed_message(exc, file, params)) from exc
     if isinstance(result, DataStreamWriter):
+        if declared is None and params and note is not None:  # after errors: one message
+            note(f"job {_shown(file)} declares no Params dataclass: its --param values "
+                 f"({', '.join(sorted(params))}) are passed to build() unchecked")
         return result
     raise JobError(_wrong_result_message(result, file))
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from microbatch._interrupt import EXIT_INTERRUPTED
 from microbatch.api.query import StreamingQuery
 from microbatch.api.writer import DataStreamWriter
 from microbatch.cli import preflight
@@ -28,7 +29,6 @@ from microbatch.cli.display import (
     err,
     out,
 )
-from microbatch.cli.interrupt import EXIT_INTERRUPTED
 from microbatch.engine.durability import Durability
 from microbatch.engine.executors import Executor
 from microbatch.exceptions import USER_ERRORS, QueryTerminatedError
