@@ -4,14 +4,18 @@ package (``queries``, ``inspect``, ``tables``) and registers on the one app.
 
 Exit codes:
 
-- ``0``: the query ended (its trigger finished, or a first SIGINT/SIGTERM
-  stopped it after the batch in flight was committed);
+- ``0``: the query ended (its trigger finished, or a first SIGTERM stopped it
+  after the batch in flight was committed);
 - ``1``: the query failed while running a batch (the message names the cause;
   the batch was not committed and is retried on the next start);
-- ``2``: the command could not start: a wrong option, a job file problem, a
-  checkpoint that is locked, corrupt or unwritable, or a bad trigger;
-- ``130``: a second signal ended the process at once (the batch in flight is
-  recovered from its write-ahead entry on the next start).
+- ``2``: the command could not start: a wrong option, a job file problem, an
+  unknown or mistyped ``--param``, a missing or Delta input of ``read_files``,
+  an unwritable output, a native library's panic at start, a checkpoint that
+  is locked, corrupt or unwritable, or a bad trigger;
+- ``130``: SIGINT: a first one stopped the query after the batch in flight was
+  committed, or came before the query started (nothing ran); a second signal
+  ended the process at once (the batch in flight is recovered from its
+  write-ahead entry on the next start).
 
 User mistakes are reported as one red paragraph on stderr, never a Python
 traceback (``--verbose`` adds the traceback of a failed query).
