@@ -32,6 +32,9 @@ of the tables (``--param storage.AWS_ENDPOINT_URL=http://127.0.0.1:9000`` ...).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Annotated
+
 import polars as pl
 
 import microbatch as mb
@@ -43,32 +46,39 @@ other batches gives the same totals to the cent (floats would differ in the
 last bits)."""
 
 
-def build(params: dict[str, str]) -> mb.DataStreamWriter:
-    """Params: ``input``, ``output`` (required); see the module docstring."""
-    missing = [key for key in ("input", "output") if not params.get(key)]
-    if missing:
-        raise mb.JobError(
-            "daily_totals needs " + " and ".join(f"--param {key}=TABLE" for key in missing)
-        )
-    storage = {k.removeprefix("storage."): v for k, v in params.items()
-               if k.startswith("storage.")} or None
-    max_files = params.get("max_files_per_batch")
-    start = params.get("starting_version")
-    optimize = params.get("optimize_every")
+@dataclass(frozen=True)
+class Params:
+    """The job's parameters (``--param NAME=VALUE``)."""
+
+    input: Annotated[str, "the transactions Delta table"]
+    output: Annotated[str, "the daily totals Delta table"]
+    watermark: Annotated[str, "watermark delay behind the newest event time"] = "1h"
+    allowed_lateness: Annotated[str, "how late a correction still updates its day"] = "7d"
+    late_output: Annotated[str | None, "Delta table of too-late rows (<output>-late)"] = None
+    max_files_per_batch: Annotated[int | None, "files per batch"] = None
+    starting_version: Annotated[int | None, "first version of input to read"] = None
+    optimize_every: Annotated[int | None, "compact the output every N batches"] = None
+    storage: Annotated[dict[str, str], "delta-rs storage options of the tables"] = field(
+        default_factory=dict)
+
+
+def build(params: Params) -> mb.DataStreamWriter:
+    """The job (see :class:`Params` and the module docstring)."""
+    storage = params.storage or None
     tx = mb.read_delta(
-        params["input"],
-        starting_version=int(start) if start else None,
-        max_files_per_batch=int(max_files) if max_files else None,
+        params.input,
+        starting_version=params.starting_version,
+        max_files_per_batch=params.max_files_per_batch,
         storage_options=storage,
     )
-    late = params.get("late_output") or f"{params['output'].rstrip('/')}-late"
+    late = params.late_output or f"{params.output.rstrip('/')}-late"
     daily = (
         tx.filter(pl.col("card_id").is_not_null(), pl.col("amount").is_not_null())
         .with_columns(pl.col("amount").cast(MONEY))
         .on_late(DeltaSink(late, storage_options=storage))
-        .with_watermark("event_time", params.get("watermark", "1h"))
-        .group_by(mb.window("event_time", "1d",
-                            allowed_lateness=params.get("allowed_lateness", "7d")), "card_id")
+        .with_watermark("event_time", params.watermark)
+        .group_by(mb.window("event_time", "1d", allowed_lateness=params.allowed_lateness),
+                  "card_id")
         .agg(
             pl.len().alias("transactions"),
             pl.col("amount").sum().alias("total_amount"),
@@ -78,9 +88,9 @@ def build(params: dict[str, str]) -> mb.DataStreamWriter:
         .select("day", pl.exclude("day"))
     )
     return daily.write_delta(
-        params["output"],
+        params.output,
         output_mode="update",
         merge_keys=["day", "card_id"],
         storage_options=storage,
-        optimize_every=int(optimize) if optimize else None,
+        optimize_every=params.optimize_every,
     )

@@ -29,7 +29,8 @@ page; the table's latest)::
         --param bootstrap=127.0.0.1:9092 --param topic=transactions \\
         --param output=lake/fraud_alerts --param webhook=http://127.0.0.1:8000/alerts
 
-Params (the contract is checked by a harness outside the repo; keep the names):
+Params, declared by :class:`Params` (``microbatch run jobs/fraud_alerts.py --help``
+lists them; the contract is checked by a harness outside the repo; keep the names):
 ``input=DIR`` (Parquet files) or ``bootstrap=HOST:PORT`` and ``topic``
 (``transactions``); ``max_files_per_batch`` (files) / ``max_records_per_batch``
 (Kafka, 50000); ``delay`` (``10s``); ``allowed_lateness`` (``1h``);
@@ -45,9 +46,10 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import polars as pl
 
@@ -77,21 +79,36 @@ PAGE = pl.col("revision") == 0
 """The rows that page (the webhook, the alerts topic): the firing, not its corrections."""
 
 
-def transactions(params: dict[str, str]) -> mb.Stream:
+@dataclass(frozen=True)
+class Params:
+    """The job's parameters (``--param NAME=VALUE``; the names are a contract)."""
+
+    input: Annotated[str | None, "directory of Parquet transaction files"] = None
+    bootstrap: Annotated[str | None, "Kafka HOST:PORT (instead of input)"] = None
+    topic: Annotated[str, "Kafka topic of the transactions"] = "transactions"
+    max_files_per_batch: Annotated[int | None, "files per batch (input)"] = None
+    max_records_per_batch: Annotated[int, "records per batch (Kafka)"] = 50_000
+    delay: Annotated[str, "watermark delay behind the newest event time"] = DELAY
+    allowed_lateness: Annotated[str, "how late a transaction still counts"] = ALLOWED_LATENESS
+    webhook: Annotated[str | None, "URL the alerts are POSTed to"] = None
+    webhook_token_env: Annotated[str | None, "env variable holding the webhook's token"] = None
+    output: Annotated[str, "Delta table of alerts"] = "lake/fraud_alerts"
+    late_output: Annotated[str | None, "Delta table of too-late rows (<output>-late)"] = None
+    alerts_topic: Annotated[str, "Kafka topic of the alerts (with bootstrap)"] = "fraud-alerts"
+
+
+def transactions(params: Params) -> mb.Stream:
     """The transactions: Parquet files (``input``) or a Kafka topic (``bootstrap``)."""
-    if params.get("input"):
-        cap = _int(params, "max_files_per_batch") if "max_files_per_batch" in params else None
-        return mb.read_files(params["input"], format="parquet", schema=SCHEMA,
-                             max_files_per_batch=cap)
-    bootstrap = params.get("bootstrap")
-    if not bootstrap:
+    if params.input:
+        return mb.read_files(params.input, format="parquet", schema=SCHEMA,
+                             max_files_per_batch=params.max_files_per_batch)
+    if not params.bootstrap:
         raise mb.JobError(
             "fraud_alerts reads --param input=DIR (Parquet files) or "
             "--param bootstrap=HOST:PORT --param topic=NAME (Kafka)"
         )
-    return mb.read_kafka(params.get("topic", "transactions"), bootstrap=bootstrap,
-                         format="json", schema=SCHEMA,
-                         max_records_per_batch=_int(params, "max_records_per_batch", 50_000))
+    return mb.read_kafka(params.topic, bootstrap=params.bootstrap, format="json",
+                         schema=SCHEMA, max_records_per_batch=params.max_records_per_batch)
 
 
 def alerts(tx: mb.Stream, *, delay: str = DELAY, allowed_lateness: str = ALLOWED_LATENESS,
@@ -118,50 +135,34 @@ def alerts(tx: mb.Stream, *, delay: str = DELAY, allowed_lateness: str = ALLOWED
     )
 
 
-def alert_sinks(params: dict[str, str]) -> Sink:
+def alert_sinks(params: Params) -> Sink:
     """The pages first (the webhook, then the alerts topic: revision 0 only), then
     the alert table (every revision, MERGEd by alert id).
 
     NOTE: pages go first because a page's latency is the product: it does not wait
     for the table's commit. A failure after a page fails the batch, and its re-run
     sends the same pages again (same keys, same bodies)."""
-    output = params.get("output", "lake/fraud_alerts")
     routes: list[Sink] = []
-    if params.get("webhook"):
+    if params.webhook:
         from sinks.webhook import WebhookSink
 
-        hook = WebhookSink(params["webhook"], key="alert_id",
-                           token_env=params.get("webhook_token_env"))
+        hook = WebhookSink(params.webhook, key="alert_id", token_env=params.webhook_token_env)
         routes.append(Routed(hook, where=PAGE))
-    if params.get("bootstrap"):
-        topic = KafkaSink(params.get("alerts_topic", "fraud-alerts"),
-                          bootstrap=params["bootstrap"], key="card_id",
+    if params.bootstrap:
+        topic = KafkaSink(params.alerts_topic, bootstrap=params.bootstrap, key="card_id",
                           delivery_guarantee="exactly_once")
         routes.append(Routed(topic, where=PAGE))
-    routes.append(Routed(DeltaSink(output, merge_keys="alert_id"), output_mode="update",
-                         key_columns=("alert_id",)))
+    routes.append(Routed(DeltaSink(params.output, merge_keys="alert_id"),
+                         output_mode="update", key_columns=("alert_id",)))
     return FanOutSink(routes)
 
 
-def build(params: dict[str, str]) -> mb.DataStreamWriter:
-    """The job (see the module docstring for the params)."""
-    output = params.get("output", "lake/fraud_alerts")
-    late = DeltaSink(params.get("late_output", f"{output.rstrip('/')}-late"))
-    rule = alerts(transactions(params).on_late(late),
-                  delay=params.get("delay", DELAY),
-                  allowed_lateness=params.get("allowed_lateness", ALLOWED_LATENESS))
+def build(params: Params) -> mb.DataStreamWriter:
+    """The job (see :class:`Params` and the module docstring)."""
+    late = DeltaSink(params.late_output or f"{params.output.rstrip('/')}-late")
+    rule = alerts(transactions(params).on_late(late), delay=params.delay,
+                  allowed_lateness=params.allowed_lateness)
     return rule.write_to(alert_sinks(params))
-
-
-def _int(params: dict[str, str], name: str, default: int | None = None) -> int:
-    value = params.get(name)
-    if value is None:
-        assert default is not None
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise mb.JobError(f"--param {name} must be an integer, got {value!r}") from None
 
 
 # --------------------------------------------------------------------------- producer

@@ -15,6 +15,9 @@ needs ``rows_per_second``), ``seed`` (default 7), ``rows_per_second``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Annotated
+
 import polars as pl
 
 import microbatch as mb
@@ -23,26 +26,30 @@ START = "2026-01-01T00:00:00+00:00"
 """Fixed event-time origin: the output does not depend on when the job runs."""
 
 
-def _optional(params: dict[str, str], key: str) -> str | None:
-    value = params.get(key, "").strip().lower()
-    return None if value in {"", "none"} else value
+@dataclass(frozen=True)
+class Params:
+    """The job's parameters (``--param NAME=VALUE``)."""
+
+    output: Annotated[str, "Parquet output directory"]
+    rows: Annotated[int | None, "log length (none: unbounded, needs rows_per_second)"] = None
+    seed: Annotated[int, "generator seed"] = 7
+    rows_per_second: Annotated[float | None, "rate (none: every row at once)"] = None
+    max_records_per_batch: Annotated[int | None, "rows per batch (none: no cap)"] = None
+    min_amount: Annotated[float, "smallest amount kept"] = 20.0
 
 
-def build(params: dict[str, str]) -> mb.DataStreamWriter:
+def build(params: Params) -> mb.DataStreamWriter:
     """Generator -> ``amount >= min_amount`` -> event_id, card_id, amount, event_time."""
-    rows = _optional(params, "rows")
-    rate = _optional(params, "rows_per_second")
-    cap = _optional(params, "max_records_per_batch")
     stream = mb.generate(
-        rows_per_second=float(rate) if rate else None,
-        total_rows=int(rows) if rows else None,
-        seed=int(params.get("seed", "7")),
+        rows_per_second=params.rows_per_second,
+        total_rows=params.rows,
+        seed=params.seed,
         cards=1_000,
         start=START,
-        max_records_per_batch=int(cap) if cap else None,
+        max_records_per_batch=params.max_records_per_batch,
     )
     return (
-        stream.filter(pl.col("amount") >= float(params.get("min_amount", "20")))
+        stream.filter(pl.col("amount") >= params.min_amount)
         .select("event_id", "card_id", "amount", "event_time")
-        .write_parquet(params["output"])
+        .write_parquet(params.output)
     )

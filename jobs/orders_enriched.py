@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Annotated
 
 import numpy as np
 import polars as pl
@@ -101,21 +103,33 @@ def enrich(orders: mb.Stream, prices: mb.Stream) -> mb.Stream:
     )
 
 
-def build(params: dict[str, str]) -> mb.DataStreamWriter:
+@dataclass(frozen=True)
+class Params:
+    """The job's parameters (``--param NAME=VALUE``)."""
+
+    output: Annotated[str, "Parquet output directory"]
+    late_output: Annotated[str | None, "Parquet directory of late rows (<output>-late)"] = None
+    orders: Annotated[str | None, "orders Delta table (none: generated)"] = None
+    prices: Annotated[str | None, "prices Delta table (none: generated)"] = None
+    rows: Annotated[int, "generated orders"] = 20_000
+    products: Annotated[int, "generated products"] = 100
+    max_records_per_batch: Annotated[int, "records (Delta: files) per batch"] = 5_000
+
+
+def build(params: Params) -> mb.DataStreamWriter:
     """Orders x price changelog -> enriched orders in a Parquet directory."""
-    output = params["output"]
-    cap = int(params.get("max_records_per_batch", "5000"))
-    if params.get("orders") and params.get("prices"):
-        orders = mb.read_delta(params["orders"], max_files_per_batch=cap)
-        prices = mb.read_delta(params["prices"], max_files_per_batch=cap)
+    cap = params.max_records_per_batch
+    if params.orders and params.prices:
+        orders = mb.read_delta(params.orders, max_files_per_batch=cap)
+        prices = mb.read_delta(params.prices, max_files_per_batch=cap)
     else:
-        rows, products = int(params.get("rows", "20000")), int(params.get("products", "100"))
-        orders = mb.read_memory(sample_orders(rows, products), max_records_per_batch=cap)
+        orders = mb.read_memory(sample_orders(params.rows, params.products),
+                                max_records_per_batch=cap)
         prices = mb.read_memory(
-            sample_prices(rows, products), max_records_per_batch=max(1, cap // 20)
+            sample_prices(params.rows, params.products), max_records_per_batch=max(1, cap // 20)
         )
-    late = ParquetSink(params.get("late_output") or f"{output}-late")
-    return enrich(orders, prices).on_late(late).write_parquet(output)
+    late = ParquetSink(params.late_output or f"{params.output}-late")
+    return enrich(orders, prices).on_late(late).write_parquet(params.output)
 
 
 def produce(argv: list[str]) -> None:

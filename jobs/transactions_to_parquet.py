@@ -15,6 +15,9 @@ checkpoint's ``dead_letter/`` directory with their file, line and reason.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
 import polars as pl
 
 import microbatch as mb
@@ -28,38 +31,29 @@ SCHEMA = {
 }
 """The schema of a card transaction as it lands."""
 
-FORMATS = ("parquet", "json", "csv")
+@dataclass(frozen=True)
+class Params:
+    """The job's parameters (``--param NAME=VALUE``)."""
+
+    input: Annotated[str, "directory the transaction files land in"]
+    output: Annotated[str, "Parquet output directory"]
+    format: Annotated[Literal["parquet", "json", "csv"], "format of the files"] = "parquet"
+    min_amount: Annotated[float, "smallest amount kept"] = 0.01
+    max_files_per_batch: Annotated[int | None, "files per batch (none: no cap)"] = None
 
 
-def build(params: dict[str, str]) -> mb.DataStreamWriter:
-    """Params: ``input``, ``output`` (required); ``format``, ``min_amount``,
-    ``max_files_per_batch`` (optional)."""
-    missing = [key for key in ("input", "output") if not params.get(key)]
-    if missing:
-        raise mb.JobError(
-            "transactions_to_parquet needs "
-            + " and ".join(f"--param {key}=DIR" for key in missing)
-        )
-    fmt = params.get("format", "parquet")
-    if fmt not in FORMATS:
-        raise mb.JobError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    min_amount = float(params.get("min_amount", "0.01"))
-    max_files = params.get("max_files_per_batch")
-
-    tx = mb.read_files(
-        params["input"],
-        format=fmt,  # type: ignore[arg-type]  # checked against FORMATS above
-        schema=SCHEMA,
-        max_files_per_batch=int(max_files) if max_files else None,
-    )
+def build(params: Params) -> mb.DataStreamWriter:
+    """The job (see :class:`Params`)."""
+    tx = mb.read_files(params.input, format=params.format, schema=SCHEMA,
+                       max_files_per_batch=params.max_files_per_batch)
     cleaned = (
         tx.filter(
             pl.col("event_id").is_not_null(),
             pl.col("card_id").is_not_null(),
             pl.col("event_time").is_not_null(),
-            pl.col("amount") >= min_amount,
+            pl.col("amount") >= params.min_amount,
         )
         .with_columns(pl.col("merchant").fill_null("unknown").str.strip_chars())
         .select("event_id", "card_id", "merchant", "amount", "event_time")
     )
-    return cleaned.write_parquet(params["output"])
+    return cleaned.write_parquet(params.output)

@@ -14,6 +14,11 @@ True
 
 from __future__ import annotations
 
+# First: in the `microbatch` command, a Ctrl-C during the imports below exits 130
+# with one line instead of a traceback (microbatch/_interrupt.py; no-op otherwise).
+from microbatch import _interrupt  # noqa: F401
+
+# isort: split
 from microbatch import _compat
 from microbatch.api import (
     DataStreamWriter,

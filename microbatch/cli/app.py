@@ -4,14 +4,18 @@ package (``queries``, ``inspect``, ``tables``) and registers on the one app.
 
 Exit codes:
 
-- ``0``: the query ended (its trigger finished, or a first SIGINT/SIGTERM
-  stopped it after the batch in flight was committed);
+- ``0``: the query ended (its trigger finished, or a first SIGTERM stopped it
+  after the batch in flight was committed);
 - ``1``: the query failed while running a batch (the message names the cause;
   the batch was not committed and is retried on the next start);
-- ``2``: the command could not start: a wrong option, a job file problem, a
-  checkpoint that is locked, corrupt or unwritable, or a bad trigger;
-- ``130``: a second signal ended the process at once (the batch in flight is
-  recovered from its write-ahead entry on the next start).
+- ``2``: the command could not start: a wrong option, a job file problem, an
+  unknown or mistyped ``--param``, a missing or Delta input of ``read_files``,
+  an unwritable output, a native library's panic at start, a checkpoint that
+  is locked, corrupt or unwritable, or a bad trigger;
+- ``130``: SIGINT: a first one stopped the query after the batch in flight was
+  committed, or came before the query started (nothing ran); a second signal
+  ended the process at once (the batch in flight is recovered from its
+  write-ahead entry on the next start).
 
 User mistakes are reported as one red paragraph on stderr, never a Python
 traceback (``--verbose`` adds the traceback of a failed query).
@@ -19,19 +23,43 @@ traceback (``--verbose`` adds the traceback of a failed query).
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+from types import FrameType
+
+from microbatch._interrupt import EXIT_INTERRUPTED
 from microbatch.cli import inspect, queries, tables
-from microbatch.cli.common import app
+from microbatch.cli.common import JobCommand, app
 
 __all__ = ["app", "main"]
 
 for command in (queries.run, inspect.status, inspect.report, queries.demo, queries.backfill,
                 tables.diff, tables.lateness):
-    app.command()(command)  # in the order of `microbatch --help`
+    # in the order of `microbatch --help`; a command taking a job lists its parameters
+    job_command = command in (queries.run, queries.backfill)
+    app.command(cls=JobCommand if job_command else None)(command)
 
 
 def main() -> None:
-    """Entry point of the ``microbatch`` console script."""
-    app()
+    """Entry point of the ``microbatch`` console script.
+
+    Inside the ``try``, SIGINT says so in one line and raises
+    ``KeyboardInterrupt`` (Typer turns it into exit code 130; ``status --watch``
+    ends on it), so a Ctrl-C at any moment before a command installs its own
+    handler is never a traceback; before the ``try``,
+    :mod:`microbatch._interrupt` exits 130 at once.
+    """
+    try:
+        signal.signal(signal.SIGINT, _interrupted)
+        app()
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    os.write(2, b"\ninterrupted (SIGINT)\n")
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from typer.core import TyperCommand
 
 from microbatch._deprecation import issue_deprecation_warning
 from microbatch.cli.display import (
@@ -93,6 +94,50 @@ def _main(
     _setup_logging(verbose)
 
 
+# ------------------------------------------------------------------ job help
+
+
+class JobCommand(TyperCommand):
+    """A command taking ``JOB.py`` and ``--param``: its ``--help`` ends with the
+    parameters the job declares (``microbatch run JOB.py --help``)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """Note the raw arguments: ``--help`` is handled before JOB is parsed."""
+        ctx.meta["microbatch.raw_args"] = list(args)
+        return super().parse_args(ctx, args)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The command's help, then the job's parameters when a job file is given."""
+        super().format_help(ctx, formatter)
+        raw = ctx.meta.get("microbatch.raw_args", [])
+        job = next((a for a in raw if a.endswith(".py") and not a.startswith("-")), None)
+        if job is not None:
+            out.print(job_params_help(job), soft_wrap=True)
+
+
+def job_params_help(job: str) -> str:
+    """The parameters ``job`` declares, as ``--help`` lists them (Rich markup)."""
+    from microbatch.cli.jobfile import declared_params
+    from microbatch.cli.params import help_rows
+
+    try:
+        cls = declared_params(job)
+    except MicrobatchError as exc:
+        return f"\n[red]cannot list the parameters of {escape(job)}: {escape(str(exc))}[/]"
+    if cls is None:
+        return (f"\n{escape(job)} declares no parameters (build takes a dict): every "
+                "--param KEY=VALUE is passed to build() as a string, unchecked.")
+    rows = help_rows(cls)
+    if not rows:
+        return f"\n{escape(job)} takes no parameters."
+    width = max(len(usage) for usage, _, _ in rows)
+    lines = [f"\n[bold]Parameters of {escape(job)}[/] (--param NAME=VALUE):"]
+    for usage, default, text in rows:
+        tail = "; ".join(part for part in (text, default) if part)
+        lines.append(f"  [cyan]{escape(usage.ljust(width))}[/]  {escape(tail)}")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ helpers
 
 
@@ -111,4 +156,5 @@ def parse_params(items: list[str]) -> dict[str, str]:
 
 
 
-__all__ = ["CliError", "app", "fail", "parse_params", "user_errors"]
+__all__ = ["CliError", "JobCommand", "app", "fail", "job_params_help", "parse_params",
+           "user_errors"]

@@ -1,16 +1,34 @@
 """Loading job files: a Python file whose ``build(params)`` returns an unstarted writer.
 
-A job file is what ``microbatch run JOB.py`` runs::
+A job file is what ``microbatch run JOB.py`` runs. It declares the
+parameters it takes as a dataclass, the type of ``build``'s argument::
 
+    from dataclasses import dataclass
+    from typing import Annotated
     import polars as pl
     import microbatch as mb
 
-    def build(params: dict[str, str]) -> mb.DataStreamWriter:
+    @dataclass(frozen=True)
+    class Params:
+        input: Annotated[str, "directory of JSON files"]            # no default: required
+        output: Annotated[str, "Parquet output directory"] = "out"
+        min_amount: Annotated[float, "smallest amount kept"] = 0.0
+
+    def build(params: Params) -> mb.DataStreamWriter:
         return (
-            mb.read_files(params["input"], format="json")
-            .filter(pl.col("amount") > 0)
-            .write_parquet(params["output"])      # no .start(): the CLI starts it
+            mb.read_files(params.input, format="json")
+            .filter(pl.col("amount") > params.min_amount)
+            .write_parquet(params.output)      # no .start(): the CLI starts it
         )
+
+``microbatch run JOB.py --help`` lists the declared parameters; the
+``--param NAME=VALUE`` values are checked before ``build`` runs (an unknown
+name, with "did you mean"; a missing required one; a value not of its type:
+exit code 2). The types a field may have are in :mod:`microbatch.cli.params`.
+
+A job whose ``build`` takes ``params: dict[str, str]`` (or no annotation)
+declares nothing: it still runs, gets every ``--param`` as a string,
+unchecked, and ``run`` prints a note saying so when ``--param`` is given.
 
 Every way a job file can be wrong becomes a :class:`~microbatch.JobError`
 whose message names the file (and the line, when there is one) and says what
@@ -28,11 +46,13 @@ import itertools
 import os
 import sys
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from microbatch.api.writer import DataStreamWriter
+from microbatch.cli import params as params_module
 from microbatch.exceptions import JobError
 
 _module_numbers = itertools.count()
@@ -90,9 +110,13 @@ def load_job(path: str | os.PathLike[str]) -> ModuleType:
     return module
 
 
-def build_writer(path: str | os.PathLike[str], params: dict[str, str]) -> DataStreamWriter:
+def build_writer(path: str | os.PathLike[str], params: dict[str, str], *,
+                 note: Callable[[str], None] | None = None) -> DataStreamWriter:
     """Load the job at ``path``, call its ``build(params)`` and check the result.
 
+    A job that declares a ``Params`` dataclass gets one built from ``params``
+    (checked first); an undeclared job gets the dict, and ``note`` is called
+    with a sentence saying so when ``params`` is not empty and build succeeded.
     Returns the unstarted :class:`~microbatch.DataStreamWriter`. Raises
     :class:`JobError` when the job has no callable ``build`` taking one
     argument, when ``build`` raises (naming the exception and the job's
@@ -109,15 +133,55 @@ def build_writer(path: str | os.PathLike[str], params: dict[str, str]) -> DataSt
             f"define `{_BUILD_SHAPE}`"
         )
     _check_signature(build, file)
+    declared = job_params(build, file)
+    arguments: Any = dict(params) if declared is None else job_params_parse(
+        declared, params, file)
     try:
-        result = build(dict(params))
+        result = build(arguments)
     except JobError as exc:  # the job's own message for a bad parameter: keep it as is
         raise JobError(f"job {file}: {exc}") from exc
     except Exception as exc:
         raise JobError(_build_failed_message(exc, file, params)) from exc
     if isinstance(result, DataStreamWriter):
+        if declared is None and params and note is not None:  # after errors: one message
+            note(f"job {_shown(file)} declares no Params dataclass: its --param values "
+                 f"({', '.join(sorted(params))}) are passed to build() unchecked")
         return result
     raise JobError(_wrong_result_message(result, file))
+
+
+def job_params(build: Any, file: Path) -> type | None:
+    """The ``Params`` dataclass ``build`` declares, or ``None`` for an undeclared job.
+
+    Raises :class:`JobError` when it declares a parameter ``--param`` cannot give.
+    """
+    cls = params_module.declared(build)
+    if cls is not None:
+        try:
+            params_module.specs(cls)
+        except JobError as exc:
+            raise JobError(f"job file {file}: {exc}") from None
+    return cls
+
+
+def job_params_parse(cls: type, params: Mapping[str, str], file: Path) -> Any:
+    """``cls`` built from the ``--param`` values; :class:`JobError` names a wrong one."""
+    return params_module.parse(cls, params, job=_shown(file))
+
+
+def declared_params(path: str | os.PathLike[str]) -> type | None:
+    """The ``Params`` dataclass the job file at ``path`` declares (``None``: none)."""
+    module = load_job(path)
+    build = getattr(module, "build", None)
+    return job_params(build, Path(module.__file__ or str(path))) if callable(build) else None
+
+
+def _shown(file: Path) -> str:
+    """``file`` relative to the working directory when it is under it (for messages)."""
+    try:
+        return str(file.relative_to(Path.cwd()))
+    except ValueError:
+        return str(file)
 
 
 def _identifier(text: str) -> str:

@@ -16,8 +16,10 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from microbatch._interrupt import EXIT_INTERRUPTED
 from microbatch.api.query import StreamingQuery
 from microbatch.api.writer import DataStreamWriter
+from microbatch.cli import preflight
 from microbatch.cli.common import CliError, fail, parse_params
 from microbatch.cli.display import (
     BatchLines,
@@ -56,7 +58,8 @@ class DurabilityOption(StrEnum):
 
 
 class StopOnSignal:
-    """First SIGINT/SIGTERM: graceful stop; second: ``os._exit(130)`` at once.
+    """First SIGINT/SIGTERM: graceful stop (then exit 130 for SIGINT, 0 for
+    SIGTERM); second: ``os._exit(130)`` at once.
 
     The handler only sets flags and calls ``request_stop`` (which just sets
     events), so it is safe whatever the main thread is doing.
@@ -182,7 +185,24 @@ def _query_failed(query: StreamingQuery, exc: QueryTerminatedError, job: Path) -
     return fail(message, 1)
 
 
+def _native_panic(exc: BaseException, what: str) -> BaseException:
+    """A panic of a native library (pyo3's ``PanicException`` derives from
+    ``BaseException``) as exit code 2 with its message; anything else unchanged."""
+    if type(exc).__name__ != "PanicException":
+        return exc
+    return fail(
+        f"cannot start the {what}: a native library (delta-rs, Arrow) panicked: {exc}. "
+        "This is often a permission or path problem of an input or output: check that "
+        "this user can read the inputs and write the outputs", 2)
+
+
+def _note(message: str) -> None:
+    err.print(f"[yellow]note:[/] {escape(message)}", soft_wrap=True)
+
+
 def _finish(query: StreamingQuery, stats: RunStats, stopper: StopOnSignal) -> None:
+    """Print the run's totals; exit 130 when SIGINT stopped it (the batch in flight
+    was committed first), else return (exit 0)."""
     status = query.status
     if status["caught_up"]:  # a bounded run with nothing new: say why nothing was written
         err.print(f"[yellow]{escape(status['message'].removeprefix('stopped: '))}[/]",
@@ -195,6 +215,8 @@ def _finish(query: StreamingQuery, stats: RunStats, stopper: StopOnSignal) -> No
         f"last committed batch: {committed if committed >= 0 else 'none'}.",
         soft_wrap=True,
     )
+    if stopper.reason == "SIGINT":
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def run(
@@ -209,7 +231,8 @@ def run(
     ))] = "0s",
     param: Annotated[list[str] | None, typer.Option(
         "--param", "-p", metavar="KEY=VALUE",
-        help="A parameter passed to build(params); repeatable.")] = None,
+        help="A parameter of the job, checked against the ones it declares "
+             "(`JOB.py --help` lists them); repeatable.")] = None,
     name: Annotated[str | None, typer.Option(metavar="NAME",
                                                 help="A name for the query (logs, progress).")]
     = None,
@@ -226,7 +249,7 @@ def run(
              "(for tiny batches on slow disks).")] = DurabilityOption.fsync,
     workers: Annotated[int | None, typer.Option(
         min=1, metavar="N",
-        help="Run the plan on N Ray workers (needs microbatch[ray]); a local Ray cluster "
+        help="Run the plan on N Ray workers (needs microbatch\\[ray]); a local Ray cluster "
              "is started unless --ray-address is given.")] = None,
     ray_address: Annotated[str | None, typer.Option(
         metavar="ADDR", help="The Ray cluster to run the workers on (host:port or "
@@ -253,7 +276,8 @@ def run(
                 from microbatch.distributed import RayExecutor
 
                 executor = RayExecutor(workers=workers or 2, address=ray_address)
-            writer = build_writer(job, params)
+            writer = build_writer(job, params, note=_note)
+            preflight.check(writer)
             display = LiveLine("microbatch") if out.is_terminal else BatchLines()
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name=name, stopper=stopper, display=display,
@@ -267,6 +291,8 @@ def run(
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:
         raise fail(f"cannot start the query: {exc}", 2) from None
+    except BaseException as exc:
+        raise _native_panic(exc, "query") from None
     if error is not None:
         raise _query_failed(query, error, job)
     _finish(query, stats, stopper)
@@ -317,6 +343,8 @@ def demo(
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:
         raise fail(f"cannot start the demo: {exc}", 2) from None
+    except BaseException as exc:
+        raise _native_panic(exc, "demo") from None
     if error is not None:
         raise _query_failed(query, error, Path(demo_job.__file__))
     out_dir, chk_dir = output.expanduser().resolve(), Path(query.checkpoint)
@@ -327,13 +355,24 @@ def demo(
         f"webhook received {pages['accepted']:,} alerts ({pages['duplicates']:,} "
         f"redeliveries, {pages['conflicts']} with a changed body).\n"
         f"  alerts:     {escape(str(out_dir))}  (Delta, one row per alert_id)\n"
-        f"  late:       {escape(str(out_dir))}-late  (payments more than an hour late)\n"
+        f"  late:       {_late_line(Path(f'{out_dir}-late'))}\n"
         f"  checkpoint: {escape(str(chk_dir))}  (run the demo again to continue from it; "
         f"`microbatch status {escape(str(chk_dir))}` shows its batches)\n"
         "read the alerts with:\n"
         f"  [cyan]import polars as pl; df = pl.read_delta({str(out_dir)!r})[/]",
         soft_wrap=True,
     )
+    if stopper.reason == "SIGINT":
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _late_line(late: Path) -> str:
+    """The demo's late-payments table: its path when a late payment was written,
+    else where one would go (the table is created by the first late payment)."""
+    if (late / "_delta_log").is_dir():
+        return f"{escape(str(late))}  (Delta, payments more than an hour late)"
+    return (f"none: no payment was more than an hour late in this run (they would go to "
+            f"{escape(str(late))})")
 
 
 # ------------------------------------------------------------------ backfill
@@ -348,7 +387,8 @@ def backfill(
         metavar="DIR", show_default=False)],
     param: Annotated[list[str] | None, typer.Option(
         "--param", "-p", metavar="KEY=VALUE",
-        help="A parameter passed to build(params); repeatable.")] = None,
+        help="A parameter of the job, checked against the ones it declares "
+             "(`JOB.py --help` lists them); repeatable.")] = None,
     name: Annotated[str | None, typer.Option(metavar="NAME",
                                                 help="A name for the query (logs, progress).")]
     = None,
@@ -378,7 +418,8 @@ def backfill(
         with StopOnSignal() as stopper:
             params = parse_params(param or [])
             spec = parse_trigger("available-now")
-            writer = build_writer(job, params)
+            writer = build_writer(job, params, note=_note)
+            preflight.check(writer)
             if replace_where is not None:
                 if Checkpoint(checkpoint).exists():
                     raise CliError(
@@ -402,6 +443,8 @@ def backfill(
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:
         raise fail(f"cannot start the backfill: {exc}", 2) from None
+    except BaseException as exc:
+        raise _native_panic(exc, "backfill") from None
     if error is not None:
         raise _query_failed(query, error, job)
     _finish(query, stats, stopper)

@@ -186,12 +186,13 @@ def _print_profile(table: Any, rows: int, plot: Path | None) -> None:
              "first_result_s": "first result s", "final_result_s": "final result s"}
     columns = [c for c in heads if c in table.columns]
     for c in columns:
-        grid.add_column(heads[c], justify="right")
+        grid.add_column(heads[c], justify="right", no_wrap=True, min_width=len(heads[c]))
     for row in table.iter_rows(named=True):
         grid.add_row(*[
             f"{row[c]:.2%}" if c in ("late_rows", "windows_differ", "alerts_missed")
             else "-" if row[c] is None else f"{row[c]:,}" if isinstance(row[c], int)
             else f"{row[c]:g}" for c in columns])
-    out.print(grid)
+    # piped: no terminal width to fit, so never fold or cut a header to 80 columns
+    out.print(grid, width=None if out.is_terminal else max(out.width, 400), crop=False)
     if plot is not None:
         out.print(f"plot: {escape(str(plot))}")

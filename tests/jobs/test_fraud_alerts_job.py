@@ -45,6 +45,7 @@ def job() -> ModuleType:
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
+    sys.modules[spec.name] = module  # a job's dataclass Params needs its module registered
     spec.loader.exec_module(module)
     return module
 

@@ -61,6 +61,7 @@ def _load(path: Path):
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a job's dataclass Params needs its module registered
     spec.loader.exec_module(module)
     return module
 

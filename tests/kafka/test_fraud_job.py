@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -37,12 +38,16 @@ def job() -> ModuleType:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a job's dataclass Params needs its module registered
     spec.loader.exec_module(module)
     return module
 
 
 def run_job(fraud: ModuleType, params: dict[str, str], chk: Path) -> None:
-    query = fraud.build(params).start(checkpoint=chk, trigger="available-now")
+    from microbatch.cli.jobfile import job_params_parse
+
+    declared = job_params_parse(fraud.Params, params, Path(fraud.__file__))
+    query = fraud.build(declared).start(checkpoint=chk, trigger="available-now")
     assert query.await_termination(300)
 
 

@@ -34,6 +34,9 @@ def test_quickstart_notebook_executes(tmp_path: Path, monkeypatch: pytest.Monkey
     import nbformat
     from nbclient import NotebookClient
 
+    temp = tmp_path / "temp"  # the notebook's tempfile.mkdtemp() goes here
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, kernel_name="python3", timeout=180, startup_timeout=180,
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
@@ -47,3 +50,4 @@ def test_quickstart_notebook_executes(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "state agg-0:" in printed  # query.explain()
     assert "watermark wm-0:" in printed
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the matplotlib plot
+    assert not list(temp.glob("microbatch-quickstart-*"))  # the last cell removed its workdir
