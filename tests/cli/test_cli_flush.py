@@ -21,17 +21,24 @@ REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 JOB = '''
+from dataclasses import dataclass
+
 import polars as pl
 import microbatch as mb
 
-def build(params):
+@dataclass(frozen=True)
+class Params:
+    input: str
+    output: str
+
+def build(params: Params):
     schema = {"card": pl.Int64, "ts": pl.Datetime("ms", "UTC"), "amount": pl.Int64}
-    return (mb.read_files(params["input"], format="parquet", schema=schema,
+    return (mb.read_files(params.input, format="parquet", schema=schema,
                           max_files_per_batch=1)
             .with_watermark("ts", "30s")
             .group_by(mb.window("ts", "1m"), "card")
             .agg(pl.len().alias("n"), pl.col("amount").sum().alias("total"))
-            .write_parquet(params["output"]))
+            .write_parquet(params.output))
 '''
 
 
