@@ -41,9 +41,10 @@ FileFormat: TypeAlias = Literal["parquet", "json", "csv"]
 MissingColumns: TypeAlias = Literal["dead_letter", "null"]
 """What ``read_files`` does with a file that lacks a column of the schema:
 ``"dead_letter"`` (the whole file, counted as ``schema_mismatch``) or ``"null"``."""
-KafkaFormat: TypeAlias = Literal["json", "csv", "raw"]
+KafkaFormat: TypeAlias = Literal["json", "csv", "raw", "debezium-json", "upsert"]
 """How Kafka record values are encoded (``read_kafka`` and ``write_kafka``; the sink
-writes ``json`` or ``raw``)."""
+writes ``json``, ``raw``, ``debezium-json`` or ``upsert``). ``debezium-json`` and
+``upsert`` are changelogs: their rows carry ``_change_type``."""
 StartingOffsets: TypeAlias = Literal["earliest", "latest"] | int | Mapping[Any, int]
 DataLossMode: TypeAlias = Literal["fail", "skip"]
 JoinHow: TypeAlias = Literal["inner", "left", "right", "full"]

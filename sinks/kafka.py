@@ -31,6 +31,24 @@ returns; an error fails the batch.
 
 Values are serialized for the whole batch in one call (``write_ndjson`` then
 split into lines), never one ``json.dumps`` per row.
+
+Changelog formats (a frame's ``_change_type`` column, :mod:`sinks.changelog`;
+a frame without it is all inserts/upserts), whatever the output mode:
+
+- ``format="upsert"`` (Kafka Streams' KTable, Flink's upsert-kafka): the key is
+  the key columns as a JSON object, the value the row as JSON (without
+  ``_change_type``); a ``delete`` is a tombstone (null value); preimages are
+  not written.
+- ``format="debezium-json"``: one Debezium envelope per change, ``{"before",
+  "after", "op", "source"}``: ``insert`` is ``c`` (``after``), a preimage
+  followed by its postimage is one ``u`` (``before`` and ``after``; a postimage
+  without one has ``before`` null), ``delete`` is ``d`` (``before``) followed,
+  when records are keyed, by a tombstone with the same key (Debezium's
+  ``tombstones.on.delete``; ``tombstones_on_delete=False`` leaves it out).
+  ``source`` is ``{"connector": "microbatch", "query_id", "batch_id"}``; there
+  is no ``ts_ms``, so a replayed batch writes the same bytes. The key is the key
+  columns as JSON when there are any (``key_columns`` or the query's), else
+  ``key``.
 """
 
 from __future__ import annotations
@@ -42,9 +60,18 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+import numpy as np
 import polars as pl
 
 from sinks.base import BatchContext, Sink, SinkContext
+from sinks.changelog import (
+    CHANGE_TYPE,
+    CHANGE_TYPES,
+    DELETE,
+    INSERT,
+    UPDATE_POSTIMAGE,
+    UPDATE_PREIMAGE,
+)
 from sinks.exceptions import SinkConfigError, SinkError
 from sinks.kafka_client import check_config, client_config, create_topics, redact
 
@@ -52,7 +79,8 @@ log = logging.getLogger("sinks.kafka")
 
 DeliveryGuarantee = Literal["exactly_once", "at_least_once"]
 """As Flink's ``sink.delivery-guarantee``."""
-ValueFormat = Literal["json", "raw"]
+ValueFormat = Literal["json", "raw", "debezium-json", "upsert"]
+"""``json``/``raw`` write rows; ``debezium-json``/``upsert`` write changes."""
 DEFAULT_COMMIT_TOPIC = "microbatch-sink-commits"
 """The bookkeeping topic (one partition) whose group offsets mark committed batches."""
 _RESERVED = ("bootstrap.servers", "transactional.id", "enable.idempotence")
@@ -80,7 +108,8 @@ class KafkaSink(Sink):
     format
         ``"json"``: every column of the row as one JSON object (datetimes in
         ISO-8601, decimals as exact strings); ``"raw"``: the ``value`` column
-        (bytes or text) as is.
+        (bytes or text) as is; ``"upsert"`` and ``"debezium-json"``: the
+        changes of a changelog frame (see the module docs).
     headers
         ``{header_name: column_or_expression}`` added to every record
         (values cast to text).
@@ -94,6 +123,13 @@ class KafkaSink(Sink):
     commit_topic
         The bookkeeping topic for exactly-once markers (created with one
         partition when missing).
+    key_columns
+        For ``upsert`` and ``debezium-json``: the columns of the record key
+        (a JSON object); default the query's key columns (its grouping keys).
+        ``upsert`` needs some; they exclude ``key``.
+    tombstones_on_delete
+        ``debezium-json``: write a tombstone after each ``d`` record (default,
+        as Debezium does, so that log compaction can drop the key).
     """
 
     def __init__(
@@ -109,6 +145,8 @@ class KafkaSink(Sink):
         commit_topic: str = DEFAULT_COMMIT_TOPIC,
         value_format: ValueFormat | None = None,
         mode: DeliveryGuarantee | None = None,
+        key_columns: str | Sequence[str] | None = None,
+        tombstones_on_delete: bool = True,
     ) -> None:
         if value_format is not None:
             _renamed("value_format", "format")
@@ -125,8 +163,28 @@ class KafkaSink(Sink):
                 "write_kafka: delivery_guarantee must be 'exactly_once' or 'at_least_once', "
                 f"got {delivery_guarantee!r}"
             )
-        if format not in ("json", "raw"):
-            raise SinkConfigError(f"write_kafka: format must be 'json' or 'raw', got {format!r}")
+        if format not in ("json", "raw", "debezium-json", "upsert"):
+            raise SinkConfigError(
+                "write_kafka: format must be 'json', 'raw', 'debezium-json' or 'upsert', "
+                f"got {format!r}"
+            )
+        names = (() if key_columns is None
+                 else (key_columns,) if isinstance(key_columns, str) else tuple(key_columns))
+        if names and format not in ("debezium-json", "upsert"):
+            raise SinkConfigError(
+                f"write_kafka: key_columns is for format='upsert' or 'debezium-json'; with "
+                f"format={format!r} pass key=<column or expression>"
+            )
+        if names and key is not None:
+            raise SinkConfigError(
+                "write_kafka: pass key_columns=[...] (a JSON object of those columns) or "
+                "key=<column or expression>, not both"
+            )
+        if format == "upsert" and key is not None:
+            raise SinkConfigError(
+                "write_kafka(format='upsert'): the record key is the key columns as JSON; "
+                "pass key_columns=[...] instead of key="
+            )
         try:
             self._config = check_config(config, reserved=_RESERVED)
         except ValueError as exc:
@@ -140,6 +198,8 @@ class KafkaSink(Sink):
         }
         self.delivery_guarantee: DeliveryGuarantee = delivery_guarantee
         self.commit_topic = commit_topic
+        self.key_columns: tuple[str, ...] = names
+        self.tombstones_on_delete = bool(tombstones_on_delete)
         self._producer: Any = None
         self._reader: Any = None
         self._call_timeout_s = _TIMEOUT_S
@@ -176,6 +236,7 @@ class KafkaSink(Sink):
             "format": self.format,
             "key": None if self.key is None else str(self.key),
             "headers": sorted(self.headers),
+            **({"key_columns": list(self.key_columns)} if self.key_columns else {}),
             "commit_topic": (
                 self.commit_topic if self.delivery_guarantee == "exactly_once" else None
             ),
@@ -188,6 +249,12 @@ class KafkaSink(Sink):
         """Create the producer; in exactly-once mode fence older runs (init_transactions)."""
         from confluent_kafka import Consumer, KafkaException, Producer
 
+        if self.format == "upsert" and not (self.key_columns or ctx.key_columns):
+            raise SinkConfigError(
+                f"KafkaSink({self.topic!r}, format='upsert'): records are keyed by the key "
+                "columns, and this query has none (no aggregation); pass key_columns=[...] "
+                "to write_kafka"
+            )
         self.close()
         base = client_config(self._config, self.bootstrap)
         producer_cfg: dict[str, Any] = {
@@ -276,7 +343,7 @@ class KafkaSink(Sink):
         producer = self._producer
         producer.begin_transaction()
         try:
-            self._produce(df, headers=None)
+            self._produce(batch, df, headers=None)
             batch.at("sink.after_data")
             marker = json.dumps({"batch_id": batch_id, "query_id": self._query_id(),
                                  "rows": df.height})
@@ -351,7 +418,7 @@ class KafkaSink(Sink):
         batch_id = batch.batch_id
         self._errors = []
         fixed = [("mb_query_id", batch.query_id.encode()), ("mb_batch_id", str(batch_id).encode())]
-        self._produce(df, headers=fixed)
+        self._produce(batch, df, headers=fixed)
         batch.at("sink.after_data")
         remaining = self._producer.flush(_TIMEOUT_S)
         if remaining or self._errors:
@@ -368,13 +435,14 @@ class KafkaSink(Sink):
         if err is not None:
             self._errors.append(str(err))
 
-    def _produce(self, df: pl.DataFrame, *, headers: list[tuple[str, bytes]] | None) -> None:
-        """Enqueue every row; vectorized serialization, one produce call per row."""
+    def _produce(
+        self, batch: BatchContext, df: pl.DataFrame, *, headers: list[tuple[str, bytes]] | None
+    ) -> None:
+        """Enqueue every record; vectorized serialization, one produce call per record."""
         if df.height == 0:
             return
-        values = self._values(df)
-        keys = self._column_bytes(df, self.key) if self.key is not None else None
-        extra = {name: self._column_bytes(df, e) for name, e in self.headers.items()}
+        rows, keys, values = self._records(batch, df)
+        extra = {name: self._column_bytes(df, e, rows) for name, e in self.headers.items()}
         producer = self._producer
         if headers is None and not extra:
             messages = (
@@ -423,6 +491,67 @@ class KafkaSink(Sink):
             i += chunk
         producer.flush(_TIMEOUT_S)
 
+    def _records(
+        self, batch: BatchContext, df: pl.DataFrame
+    ) -> tuple[np.ndarray | None, list[bytes | None] | None, Sequence[bytes | None]]:
+        """``(rows, keys, values)`` of the records to write: ``rows[i]`` is the row of
+        ``df`` record ``i`` comes from (``None``: record ``i`` is row ``i``)."""
+        if self.format not in ("upsert", "debezium-json"):
+            plain = self._column_bytes(df, self.key) if self.key is not None else None
+            return None, plain, self._values(df)
+        change = _change_types(df, self.topic)
+        data = df.drop(CHANGE_TYPE, strict=False)
+        # NOTE: explicit key_columns, then an explicit key, then the query's key columns
+        use_key = self.key is not None and not self.key_columns
+        key_columns = () if use_key else (self.key_columns or batch.key_columns)
+        missing = [c for c in key_columns if c not in data.columns]
+        if missing:
+            raise SinkError(
+                f"KafkaSink({self.topic!r}): key column(s) {missing} are not in the batch "
+                f"{data.columns}; fix key_columns"
+            )
+        kept = (change != UPDATE_PREIMAGE).to_numpy()
+        rows = np.flatnonzero(kept)
+        is_delete = (change == DELETE).to_numpy()[rows]
+        keys: list[bytes | None] | None = None
+        if key_columns:
+            keys = list(_ndjson(data[rows].select(key_columns)))
+        elif use_key:
+            assert self.key is not None
+            keys = self._column_bytes(df, self.key, rows)
+        if self.format == "upsert":
+            # a delete is a tombstone: the key with a null value
+            return rows, keys, _null_where(_ndjson(data[rows]), is_delete)
+        row = pl.struct(data.columns)
+        ct = pl.lit(change)
+        envelopes = data.select(
+            before=pl.when(ct == DELETE).then(row)
+            .when((ct == UPDATE_POSTIMAGE) & (ct.shift(1) == UPDATE_PREIMAGE))
+            .then(row.shift(1)),
+            after=pl.when(ct.is_in((INSERT, UPDATE_POSTIMAGE))).then(row),
+            op=ct.replace_strict(
+                {INSERT: "c", UPDATE_POSTIMAGE: "u", DELETE: "d", UPDATE_PREIMAGE: ""}
+            ),
+            source=pl.struct(
+                connector=pl.lit("microbatch"), query_id=pl.lit(batch.query_id),
+                batch_id=pl.lit(batch.batch_id, dtype=pl.Int64),
+            ),
+        ).filter(pl.Series(kept))
+        values = _ndjson(envelopes)
+        if keys is None or not self.tombstones_on_delete or not is_delete.any():
+            return rows, keys, values
+        # a tombstone (same key, null value) right after each delete, as Debezium writes
+        deletes = np.flatnonzero(is_delete)
+        n = len(rows)
+        order = np.argsort(np.concatenate([np.arange(n) * 2, deletes * 2 + 1]), kind="stable")
+        at = np.concatenate([np.arange(n), deletes])[order]
+        tomb = np.concatenate([np.zeros(n, dtype=bool), np.ones(len(deletes), dtype=bool)])
+        return (
+            rows[at],
+            pl.Series(keys, dtype=pl.Binary).gather(at).to_list(),
+            _null_where(pl.Series(values, dtype=pl.Binary).gather(at).to_list(), tomb[order]),
+        )
+
     def _values(self, df: pl.DataFrame) -> Sequence[bytes | None]:
         if self.format == "raw":
             if "value" not in df.columns:
@@ -431,22 +560,16 @@ class KafkaSink(Sink):
                     f"column; the batch has {df.columns}"
                 )
             return self._column_bytes(df, pl.col("value"))  # a null value is a tombstone
-        text = df.write_ndjson()
-        lines = text.encode().split(b"\n")
-        if lines and lines[-1] == b"":
-            lines.pop()
-        if len(lines) != df.height:
-            raise SinkError(
-                f"KafkaSink({self.topic!r}): serialized {len(lines)} lines for {df.height} rows"
-            )
-        return lines
+        return _ndjson(df)
 
     @staticmethod
-    def _column_bytes(df: pl.DataFrame, expr: pl.Expr) -> list[bytes | None]:
+    def _column_bytes(
+        df: pl.DataFrame, expr: pl.Expr, rows: np.ndarray | None = None
+    ) -> list[bytes | None]:
         series = df.select(expr).to_series()
         if series.dtype != pl.Binary:
             series = series.cast(pl.String).cast(pl.Binary)
-        return series.to_list()
+        return (series if rows is None else series.gather(rows)).to_list()
 
     def _ensure_commit_topic(self, base: dict[str, Any]) -> None:
         """Create the one-partition bookkeeping topic when it does not exist."""
@@ -460,6 +583,37 @@ class KafkaSink(Sink):
             raise SinkError(
                 f"KafkaSink: cannot create the bookkeeping topic {self.commit_topic!r}: {reason}"
             ) from None
+
+
+def _ndjson(df: pl.DataFrame) -> list[bytes]:
+    """Each row as one JSON object, serialized in one call."""
+    lines = df.write_ndjson().encode().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if len(lines) != df.height:
+        raise SinkError(f"KafkaSink: serialized {len(lines)} lines for {df.height} rows")
+    return lines
+
+
+def _null_where(values: Sequence[bytes | None], mask: np.ndarray) -> list[bytes | None]:
+    """``values`` with null where ``mask`` is true (vectorized)."""
+    frame = pl.DataFrame({"v": pl.Series(values, dtype=pl.Binary), "m": mask})
+    return frame.select(pl.when(pl.col("m")).then(None).otherwise(pl.col("v"))).to_series() \
+        .to_list()
+
+
+def _change_types(df: pl.DataFrame, topic: str) -> pl.Series:
+    """The frame's ``_change_type`` (all ``insert`` without the column), checked."""
+    if CHANGE_TYPE not in df.columns:
+        return pl.Series(CHANGE_TYPE, [INSERT] * df.height, dtype=pl.String)
+    change = df.get_column(CHANGE_TYPE)
+    unknown = change.filter(~change.is_in(CHANGE_TYPES) | change.is_null()).unique()
+    if unknown.len():
+        raise SinkError(
+            f"KafkaSink({topic!r}): {CHANGE_TYPE} has value(s) {unknown.to_list()[:5]}, "
+            f"not one of {list(CHANGE_TYPES)}; fix the step that sets it"
+        )
+    return change
 
 
 def _renamed(old: str, new: str) -> None:

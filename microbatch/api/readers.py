@@ -229,7 +229,7 @@ def read_kafka(
     topics: str | Sequence[str],
     *,
     bootstrap: str,
-    format: Literal["json", "csv", "raw"] = "json",
+    format: Literal["json", "csv", "raw", "debezium-json", "upsert"] = "json",
     schema: pl.Schema | Mapping[str, Any] | None = None,
     starting_offsets: Literal["earliest", "latest"] | int | Mapping[Any, int] = "earliest",
     max_records_per_batch: int | None = None,
@@ -238,6 +238,7 @@ def read_kafka(
     commit_group: str | None = None,
     metadata_columns: str | Sequence[str] = ("key", "topic", "partition", "offset", "timestamp"),
     broker_timeout: str | int = "2m",
+    key_columns: str | Sequence[str] | None = None,
 ) -> Stream:
     """A stream over Kafka topics; offsets ``{"topic:partition": offset}`` live in the checkpoint.
 
@@ -258,11 +259,16 @@ def read_kafka(
         ``host:port[,host:port...]`` of the cluster.
     format
         ``"json"`` (one JSON object per value), ``"csv"`` (one header-less
-        record per value, fields in schema order) or ``"raw"`` (a ``value``
-        column of bytes).
+        record per value, fields in schema order), ``"raw"`` (a ``value``
+        column of bytes), or a changelog whose rows carry ``_change_type``
+        (``insert``/``update_preimage``/``update_postimage``/``delete``):
+        ``"debezium-json"`` (Debezium envelopes, bare or in Kafka Connect's
+        ``schema``/``payload`` wrapper; tombstones skipped) or ``"upsert"``
+        (value = the row, an ``update_postimage``; tombstone = a ``delete`` of
+        the key).
     schema
-        Columns and types of the decoded value (required for ``json`` and
-        ``csv``).
+        Columns and types of the decoded value (of the row images for
+        ``debezium-json``); required for every format but ``raw``.
     starting_offsets
         Where a new query starts: ``"earliest"``, ``"latest"``, a timestamp in
         epoch milliseconds, or ``{partition: offset}`` (keys ``int`` for a
@@ -285,6 +291,9 @@ def read_kafka(
         to add after the value's columns.
     broker_timeout
         How long an unreachable broker is retried before a batch fails.
+    key_columns
+        ``format="upsert"`` only, and required there: the columns of the
+        record key's JSON object (the row of a tombstone's delete).
 
     Returns
     -------
@@ -323,6 +332,7 @@ def read_kafka(
             commit_group=commit_group,
             metadata_columns=metadata_columns,
             broker_timeout=broker_timeout,
+            key_columns=key_columns,
         )
     )
 

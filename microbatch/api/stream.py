@@ -1498,13 +1498,15 @@ class Stream:
         *,
         bootstrap: str,
         key: str | pl.Expr | None = None,
-        format: Literal["json", "raw"] = "json",
+        format: Literal["json", "raw", "debezium-json", "upsert"] = "json",
         headers: Mapping[str, str | pl.Expr] | None = None,
         delivery_guarantee: DeliveryGuarantee = "exactly_once",
         config: Mapping[str, Any] | None = None,
         output_mode: OutputMode = "append",
         value_format: Literal["json", "raw"] | None = None,
         mode: DeliveryGuarantee | None = None,
+        key_columns: str | Sequence[str] | None = None,
+        tombstones_on_delete: bool = True,
     ) -> DataStreamWriter:
         """Write each batch's rows to a Kafka topic, one JSON object (or raw value) per row.
 
@@ -1527,7 +1529,11 @@ class Stream:
             Column name or expression for the record key (``None``: no key).
         format
             ``"json"``: every column of the row as one JSON object; ``"raw"``: the
-            ``value`` column (bytes or text) as is.
+            ``value`` column (bytes or text) as is; changelogs (the rows'
+            ``_change_type``; none: all inserts): ``"upsert"`` (key = the key
+            columns as JSON, value = the row, a delete = a tombstone) or
+            ``"debezium-json"`` (Debezium envelopes: ``c``, ``u`` with
+            ``before``/``after``, ``d`` then a tombstone).
         headers
             ``{header_name: column_or_expression}`` added to every record.
         delivery_guarantee
@@ -1539,6 +1545,12 @@ class Stream:
             ``"append"``, ``"update"`` or ``"complete"``.
         value_format, mode
             Deprecated (removed in 0.3): use ``format`` and ``delivery_guarantee``.
+        key_columns
+            ``upsert``/``debezium-json``: the columns of the record key (a JSON
+            object); default the query's key columns (its grouping keys).
+        tombstones_on_delete
+            ``debezium-json``: a tombstone after each ``d`` record (default, as
+            Debezium).
 
         Returns
         -------
@@ -1575,6 +1587,8 @@ class Stream:
             config=config,
             value_format=value_format,
             mode=mode,
+            key_columns=key_columns,
+            tombstones_on_delete=tombstones_on_delete,
         )
         return self.write_to(sink, output_mode=output_mode)
 

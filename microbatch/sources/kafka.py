@@ -63,8 +63,10 @@ from microbatch.sources.base import (
     SourceContext,
     empty_dead_letters,
 )
+from microbatch.sources.kafka_changelog import decode_debezium, decode_upsert
 from microbatch.sources.kafka_decode import decode_values
 from microbatch.types import DataLossMode, KafkaFormat, StartingOffsets
+from sinks.changelog import CHANGE_TYPE
 from sinks.kafka_client import check_config, client_config, redact
 
 log = logging.getLogger("microbatch.sources.kafka")
@@ -80,6 +82,8 @@ METADATA_TYPES: dict[str, pl.DataType] = {
     "timestamp": pl.Datetime("ms", "UTC"),
     "headers": pl.List(pl.Struct({"key": pl.String(), "value": pl.Binary()})),
 }
+CHANGELOG_FORMATS = ("debezium-json", "upsert")
+"""Formats whose rows form a changelog (they carry ``_change_type``)."""
 EARLIEST, LATEST = -2, -1
 """Spark's special per-partition starting offsets."""
 CONSUMER_DEFAULTS: dict[str, Any] = {
@@ -121,10 +125,17 @@ class KafkaSource(Source):
         ``host:port[,host:port...]`` of the cluster.
     format
         ``"json"`` (one JSON object per value), ``"csv"`` (one header-less
-        record per value, fields in schema order) or ``"raw"`` (a ``value``
-        column of bytes).
+        record per value, fields in schema order), ``"raw"`` (a ``value``
+        column of bytes), or a changelog (rows carry ``_change_type``, see
+        :mod:`microbatch.sources.kafka_changelog`): ``"debezium-json"``
+        (Debezium envelopes) or ``"upsert"`` (key = key columns, value = row,
+        tombstone = delete).
     schema
-        Columns and types of the decoded value (required for json and csv).
+        Columns and types of the decoded value, or of the Debezium row images
+        (required for every format but raw).
+    key_columns
+        ``format="upsert"`` only (and required there): the columns of the
+        record key's JSON object, a tombstone's row.
     starting_offsets
         Where a new query starts: ``"earliest"`` (default), ``"latest"``, a
         timestamp in epoch milliseconds (the first record at or after it,
@@ -174,6 +185,7 @@ class KafkaSource(Source):
         commit_group: str | None = None,
         metadata_columns: str | Sequence[str] = METADATA_COLUMNS,
         broker_timeout: str | int = "2m",
+        key_columns: str | Sequence[str] | None = None,
     ) -> None:
         names = [topics] if isinstance(topics, str) else list(topics)
         if not names or not all(isinstance(t, str) and t and ":" not in t for t in names):
@@ -182,8 +194,11 @@ class KafkaSource(Source):
             raise PlanError(f"read_kafka: a topic is named twice in {names}")
         if not isinstance(bootstrap, str) or not bootstrap:
             raise PlanError("read_kafka: bootstrap='host:port' is required")
-        if format not in ("json", "raw", "csv"):
-            raise PlanError(f"read_kafka: format must be 'json', 'csv' or 'raw', got {format!r}")
+        if format not in ("json", "raw", "csv", "debezium-json", "upsert"):
+            raise PlanError(
+                "read_kafka: format must be 'json', 'csv', 'raw', 'debezium-json' or 'upsert', "
+                f"got {format!r}"
+            )
         if format != "raw" and schema is None:
             raise PlanError(
                 f"read_kafka({names[0]!r}, format={format!r}) needs a schema: values carry no "
@@ -211,6 +226,11 @@ class KafkaSource(Source):
         self.format: KafkaFormat = format
         self.value_schema = pl.Schema(schema) if schema is not None else None
         self.metadata_columns = _check_metadata_columns(metadata_columns)
+        if format in CHANGELOG_FORMATS and CHANGE_TYPE in (self.value_schema or ()):
+            raise PlanError(
+                f"read_kafka(format={format!r}) adds the column {CHANGE_TYPE!r} itself; "
+                "leave it out of the schema"
+            )
         taken = set(self.value_schema or ()) | ({"value"} if format == "raw" else set())
         clash = [c for c in self.metadata_columns if c in taken]
         if clash:
@@ -218,6 +238,7 @@ class KafkaSource(Source):
                 f"read_kafka: the value schema and the record metadata both have column(s) "
                 f"{clash}; leave them out with metadata_columns=[...]"
             )
+        self.key_columns = _check_key_columns(key_columns, format, self.value_schema)
         self.starting_offsets = _check_starting(starting_offsets, self.topics)
         self.max_records_per_batch = max_records_per_batch
         self.on_data_loss: DataLossMode = on_data_loss
@@ -258,6 +279,7 @@ class KafkaSource(Source):
             "bootstrap": self.bootstrap,
             "format": self.format,
             "schema": {k: str(v) for k, v in (self.value_schema or {}).items()},
+            **({"key_columns": list(self.key_columns)} if self.key_columns else {}),
             "starting_offsets": self.starting_offsets,
             "max_records_per_batch": self.max_records_per_batch,
             "on_data_loss": self.on_data_loss,
@@ -273,10 +295,13 @@ class KafkaSource(Source):
 
     @property
     def schema(self) -> pl.Schema:
-        """Value columns (or ``value``), then the chosen metadata columns."""
+        """Value columns (or ``value``), ``_change_type`` for a changelog format, then
+        the chosen metadata columns."""
         cols: dict[str, pl.DataType] = (
             {"value": pl.Binary()} if self.format == "raw" else dict(self.value_schema or {})
         )
+        if self.format in CHANGELOG_FORMATS:
+            cols[CHANGE_TYPE] = pl.String()
         cols.update({c: METADATA_TYPES[c] for c in self.metadata_columns})
         return pl.Schema(cols)
 
@@ -504,7 +529,16 @@ class KafkaSource(Source):
         topics = np.repeat(np.array([k[0] for k in order], dtype=object), counts)
         parts = np.repeat(np.array([k[1] for k in order], dtype=np.int32), counts)
         values = list(map(_Message.value, msgs))
-        decoded = decode_values(values, format=self.format, schema=self.value_schema)
+        keys: list[bytes | None] | None = None
+        if self.format == "debezium-json":
+            assert self.value_schema is not None
+            decoded = decode_debezium(values, self.value_schema)
+        elif self.format == "upsert":
+            assert self.value_schema is not None
+            keys = list(map(_Message.key, msgs))
+            decoded = decode_upsert(keys, values, self.value_schema, self.key_columns)
+        else:
+            decoded = decode_values(values, format=self.format, schema=self.value_schema)
         good = decoded.good
         offsets: np.ndarray | None = None
         if "offset" in self.metadata_columns or decoded.bad:
@@ -512,7 +546,7 @@ class KafkaSource(Source):
         cols: list[pl.Series] = []
         for name in self.metadata_columns:
             if name == "key":
-                keys = list(map(_Message.key, msgs))
+                keys = list(map(_Message.key, msgs)) if keys is None else keys
                 cols.append(pl.Series("key", keys, dtype=pl.Binary)[good])
             elif name == "topic":
                 cols.append(pl.Series("topic", topics[good].tolist(), dtype=pl.String))
@@ -879,6 +913,32 @@ def _cap(begin: dict[Key, int], end: dict[Key, int], cap: int) -> dict[Key, int]
 
 def _encode(offsets: dict[Key, int]) -> dict[str, int]:
     return {_key_str(k): int(v) for k, v in sorted(offsets.items())}
+
+
+def _check_key_columns(
+    columns: str | Sequence[str] | None, format: str, schema: pl.Schema | None
+) -> tuple[str, ...]:
+    """``key_columns`` as a tuple: required by, and only allowed with, ``format="upsert"``."""
+    names = () if columns is None else (columns,) if isinstance(columns, str) else tuple(columns)
+    if format != "upsert":
+        if names:
+            raise PlanError(
+                f"read_kafka: key_columns is for format='upsert' (the record key's columns); "
+                f"format={format!r} takes none"
+            )
+        return names
+    if not names:
+        raise PlanError(
+            "read_kafka(format='upsert') needs key_columns=[...]: the columns of the record "
+            "key's JSON object, which a tombstone (a delete) carries"
+        )
+    missing = [c for c in names if c not in (schema or {})]
+    if missing or len(set(names)) != len(names):
+        raise PlanError(
+            f"read_kafka: key_columns {list(names)} must be distinct columns of the schema "
+            f"{list(schema or {})}; {missing} are not"
+        )
+    return names
 
 
 def _check_metadata_columns(columns: str | Sequence[str]) -> tuple[str, ...]:
