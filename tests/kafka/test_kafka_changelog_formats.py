@@ -3,9 +3,10 @@ topics, read (``read_kafka(format=...)``) and written (``write_kafka(format=...)
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ NO_META: list[str] = []
 
 
 def ts(second: int) -> datetime:
-    return datetime(2026, 1, 1, 0, 0, second, tzinfo=timezone.utc)
+    return datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC)
 
 
 def changes(rows: list[tuple[int, str | None, float | None, int, str]]) -> pl.DataFrame:
@@ -109,7 +110,8 @@ def test_debezium_written_then_read_back_gives_the_same_changes(
     assert {k: v for k, v in update["after"].items() if k != "ts"} == \
         {"id": 1, "name": "aa", "amount": 10.0}
     assert update["after"]["ts"].startswith("2026-01-01T00:00:04")
-    assert got[4][1]["before"]["id"] == 2 and got[4][1]["after"] is None
+    assert got[4][1]["before"]["id"] == 2
+    assert got[4][1]["after"] is None
     assert got[0][1]["before"] is None
     assert got[0][1]["source"] == {"connector": "microbatch", "query_id": "q-dbz", "batch_id": 0}
     rows, dead = read_all(bootstrap, topic, "debezium-json", tmp_path, table_name)
@@ -230,7 +232,7 @@ def test_any_split_into_batches_gives_the_same_change_sequence(
         whole = src.read({f"{big_topic}:0": 0}, {f"{big_topic}:0": n})
         bounds = [0, *sorted(cuts), n]
         parts = [src.read({f"{big_topic}:0": a}, {f"{big_topic}:0": b})
-                 for a, b in zip(bounds, bounds[1:], strict=False)]
+                 for a, b in itertools.pairwise(bounds)]
     finally:
         src.close()
     assert pl.concat([p.data for p in parts]).equals(whole.data)
@@ -263,8 +265,10 @@ def test_upsert_written_then_read_back_is_the_same_table(
     values = [None if m.value() is None else json.loads(m.value()) for m in msgs]
     assert [v is None for v in values] == [False, False, False, False, True, False, True,
                                            False, False]
-    assert values[3] is not None and values[3]["name"] == "aa"
-    assert values[0] is not None and CHANGE_TYPE not in values[0]
+    assert values[3] is not None
+    assert values[3]["name"] == "aa"
+    assert values[0] is not None
+    assert CHANGE_TYPE not in values[0]
     rows, dead = read_all(bootstrap, topic, "upsert", tmp_path, table_name, key_columns=["id"])
     assert dead.height == 0
     expected = pl.concat(BATCHES).filter(pl.col(CHANGE_TYPE) != "update_preimage")
@@ -324,7 +328,8 @@ def test_hand_written_upsert_records(
     reasons = {int(loc.rsplit("@", 1)[1]): r
                for loc, r in zip(dead["location"], dead["reason"], strict=True)}
     assert sorted(reasons) == [3, 4, 5]
-    assert "no key" in reasons[3] and "invalid JSON" in reasons[4]
+    assert "no key" in reasons[3]
+    assert "invalid JSON" in reasons[4]
     assert "column 'id'" in reasons[5]
 
 
@@ -343,7 +348,7 @@ def test_options_are_checked_with_the_fix_in_the_message(
     with pytest.raises(PlanError, match="leave it out of the schema"):
         mb.read_kafka("t", bootstrap="x:1", format="debezium-json",
                       schema={**SCHEMA, CHANGE_TYPE: pl.String})
-    with pytest.raises(SinkConfigError, match="key_columns=\\[...\\] instead of key="):
+    with pytest.raises(SinkConfigError, match=r"key_columns=\[\.\.\.\] instead of key="):
         KafkaSink("t", bootstrap="x:1", format="upsert", key="id")
     with pytest.raises(SinkConfigError, match="not both"):
         KafkaSink("t", bootstrap="x:1", format="debezium-json", key="id", key_columns=["id"])
