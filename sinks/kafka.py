@@ -213,6 +213,13 @@ class KafkaSink(Sink):
         """Create the producer; in exactly-once mode fence older runs (init_transactions)."""
         from confluent_kafka import Consumer, KafkaException, Producer
 
+        if ctx.output_mode == "changelog" and self.format == "raw":
+            raise SinkConfigError(
+                f"{self.label}: output_mode='changelog' writes each change with its "
+                f"{CHANGE_TYPE!r}, and format='raw' writes only the 'value' column; use "
+                "format='json'"
+            )
+
         self.close()
         base = client_config(self._config, self.bootstrap)
         producer_cfg: dict[str, Any] = {

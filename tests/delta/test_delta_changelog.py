@@ -147,3 +147,24 @@ def test_change_data_feed_is_refused_with_changelog_mode(tmp_path: Path) -> None
     sink = opened(tmp_path / "t", "append", change_data_feed=True)
     with pytest.raises(SinkConfigError, match="reserves"):
         sink.add_batch(0, pl.DataFrame({"k": [1], "_commit_version": [3]}))
+
+
+def test_write_delta_change_data_feed_records_the_query_updates(tmp_path: Path) -> None:
+    import microbatch as mb
+
+    table = tmp_path / "t"
+    rows = pl.DataFrame({"k": ["a", "b", "a", "b", "a"], "x": [1, 2, 3, 4, 5]})
+    query = (
+        mb.read_memory(rows, max_records_per_batch=2)
+        .group_by("k").agg(pl.col("x").sum())
+        .write_delta(table, output_mode="update", change_data_feed=True)
+        .start(checkpoint=str(tmp_path / "chk"), trigger="available-now")
+    )
+    assert query.await_termination()
+    config = DeltaTable(str(table)).metadata().configuration
+    assert config["delta.enableChangeDataFeed"] == "true"
+    feed = pl.DataFrame(pa.table(DeltaTable(str(table)).load_cdf(starting_version=0).read_all()))
+    # the last postimage or insert of each key is the one-shot result
+    last = (feed.filter(pl.col("_change_type") != "update_preimage")
+            .sort("_commit_version").unique("k", keep="last").select("k", "x").sort("k"))
+    assert_frame_equal(last, rows.group_by("k").agg(pl.col("x").sum()).sort("k"))

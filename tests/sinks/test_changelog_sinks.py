@@ -162,3 +162,11 @@ def test_parquet_changelog_mode_appends_the_changes_exactly_once(
 def test_parquet_refuses_update_mode_and_names_changelog() -> None:
     with pytest.raises(SinkConfigError, match="output_mode='changelog'"):
         ParquetSink("unused").open(SinkContext(query_id="q", output_mode="update"))
+
+
+def test_kafka_raw_format_is_refused_in_changelog_mode() -> None:
+    from sinks.kafka import KafkaSink
+
+    sink = KafkaSink("t", bootstrap="127.0.0.1:1", format="raw")
+    with pytest.raises(SinkConfigError, match="use format='json'"):  # before any connection
+        sink.open(SinkContext(query_id="q", output_mode="changelog"))
