@@ -31,6 +31,21 @@ returns; an error fails the batch.
 
 Values are serialized for the whole batch in one call (``write_ndjson`` then
 split into lines), never one ``json.dumps`` per row.
+
+Changes (:mod:`sinks.changelog`): the record key is ``key=`` when given,
+otherwise the query's key columns as one JSON object (``{"k": 1}``), so that
+the changes of a key stay on one partition, in order.
+
+- ``output_mode="update"`` with a batch carrying ``_change_type``: one record
+  per key changed in the batch (its last change; preimages dropped): the row
+  without ``_change_type`` as the value, and for a ``delete`` a *tombstone*
+  (the key, a null value). Compacting the topic by key (last record per key,
+  a tombstone meaning absent) gives the result table. It needs a key
+  (:class:`SinkConfigError` otherwise). Without ``_change_type``, as before:
+  every row a record, keyed by ``key=`` only.
+- ``output_mode="changelog"``: every change row a record, ``_change_type``
+  in the value (see :func:`sinks.changes.changelog_rows` for a batch without
+  it).
 """
 
 from __future__ import annotations
@@ -40,11 +55,13 @@ import logging
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import polars as pl
 
 from sinks.base import BatchContext, Sink, SinkContext
+from sinks.changelog import CHANGE_TYPE, DELETE, is_changelog
+from sinks.changes import changelog_rows, last_changes
 from sinks.exceptions import SinkConfigError, SinkError
 from sinks.kafka_client import check_config, client_config, create_topics, redact
 
@@ -59,6 +76,14 @@ _RESERVED = ("bootstrap.servers", "transactional.id", "enable.idempotence")
 _TIMEOUT_S = 60.0
 _GRACE_S = 5.0
 """How long past its own timeout a transaction call may take before the sink gives up."""
+
+
+class _Records(NamedTuple):
+    """A batch as records: the rows, the record key, and which rows are tombstones."""
+
+    frame: pl.DataFrame
+    key: pl.Expr | None
+    tombstones: pl.Series | None
 
 
 class TransactionStuckError(SinkError):
@@ -188,6 +213,13 @@ class KafkaSink(Sink):
         """Create the producer; in exactly-once mode fence older runs (init_transactions)."""
         from confluent_kafka import Consumer, KafkaException, Producer
 
+        if ctx.output_mode == "changelog" and self.format == "raw":
+            raise SinkConfigError(
+                f"{self.label}: output_mode='changelog' writes each change with its "
+                f"{CHANGE_TYPE!r}, and format='raw' writes only the 'value' column; use "
+                "format='json'"
+            )
+
         self.close()
         base = client_config(self._config, self.bootstrap)
         producer_cfg: dict[str, Any] = {
@@ -246,10 +278,36 @@ class KafkaSink(Sink):
     def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
         """One transaction with the rows and the batch's marker, or, at least once,
         confirmed deliveries with dedupe headers."""
+        records = self._records(batch, df)
         if self.delivery_guarantee == "at_least_once":
-            self._write_at_least_once(batch, df)
+            self._write_at_least_once(batch, records)
         else:
-            self._write_transaction(batch, df)
+            self._write_transaction(batch, records)
+
+    def _records(self, batch: BatchContext, df: pl.DataFrame) -> _Records:
+        """What to produce for ``df`` in the batch's output mode (module docs, "Changes")."""
+        mode, keys = batch.output_mode, batch.key_columns
+        where = f"{self.label} batch {batch.batch_id}"
+        table_key = self.key
+        if table_key is None and keys:
+            table_key = pl.struct(list(keys)).struct.json_encode()
+        if mode == "changelog":
+            return _Records(changelog_rows(df, keys, where), table_key, None)
+        if mode != "update" or not is_changelog(df):
+            return _Records(df, self.key, None)
+        if table_key is None:
+            raise SinkConfigError(
+                f"{where}: output_mode='update' turns a delete into a tombstone (a record "
+                "with the row's key and no value), and this query has neither key columns "
+                "nor a record key; pass key= to write_kafka"
+            )
+        missing = [k for k in keys if k not in df.columns]
+        if missing:
+            raise SinkError(f"{where}: the key column(s) {missing} are not in the batch "
+                            f"(its columns: {df.columns})")
+        rows = last_changes(df, keys, where)
+        tombstones = rows.get_column(CHANGE_TYPE) == DELETE
+        return _Records(rows.drop(CHANGE_TYPE), table_key, tombstones)
 
     def last_committed_batch(self) -> int | None:
         """The last batch id whose transaction committed, read from the marker group."""
@@ -269,17 +327,17 @@ class KafkaSink(Sink):
             raise SinkError(f"KafkaSink({self.topic!r}): marker of {self.group_id!r}: {tp.error}")
         return None if tp.offset < 0 else tp.offset - 1
 
-    def _write_transaction(self, batch: BatchContext, df: pl.DataFrame) -> None:
+    def _write_transaction(self, batch: BatchContext, records: _Records) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
         batch_id = batch.batch_id
         producer = self._producer
         producer.begin_transaction()
         try:
-            self._produce(df, headers=None)
+            self._produce(records, headers=None)
             batch.at("sink.after_data")
             marker = json.dumps({"batch_id": batch_id, "query_id": self._query_id(),
-                                 "rows": df.height})
+                                 "rows": records.frame.height})
             group = self._reader.consumer_group_metadata()
             self._bounded("send_offsets_to_transaction", batch_id, lambda: (
                 producer.send_offsets_to_transaction(
@@ -347,11 +405,11 @@ class KafkaSink(Sink):
         except Exception as exc:  # the next init_transactions aborts it anyway
             log.warning("kafka sink %s: abort of batch %d failed: %s", self.topic, batch_id, exc)
 
-    def _write_at_least_once(self, batch: BatchContext, df: pl.DataFrame) -> None:
+    def _write_at_least_once(self, batch: BatchContext, records: _Records) -> None:
         batch_id = batch.batch_id
         self._errors = []
         fixed = [("mb_query_id", batch.query_id.encode()), ("mb_batch_id", str(batch_id).encode())]
-        self._produce(df, headers=fixed)
+        self._produce(records, headers=fixed)
         batch.at("sink.after_data")
         remaining = self._producer.flush(_TIMEOUT_S)
         if remaining or self._errors:
@@ -368,12 +426,20 @@ class KafkaSink(Sink):
         if err is not None:
             self._errors.append(str(err))
 
-    def _produce(self, df: pl.DataFrame, *, headers: list[tuple[str, bytes]] | None) -> None:
+    def _produce(self, records: _Records, *, headers: list[tuple[str, bytes]] | None) -> None:
         """Enqueue every row; vectorized serialization, one produce call per row."""
+        df = records.frame
         if df.height == 0:
             return
         values = self._values(df)
-        keys = self._column_bytes(df, self.key) if self.key is not None else None
+        if records.tombstones is not None:
+            values = (  # a delete: its key with no value (a tombstone)
+                pl.DataFrame({"v": pl.Series(values, dtype=pl.Binary), "t": records.tombstones})
+                .select(pl.when(pl.col("t")).then(None).otherwise(pl.col("v")))
+                .to_series()
+                .to_list()
+            )
+        keys = self._column_bytes(df, records.key) if records.key is not None else None
         extra = {name: self._column_bytes(df, e) for name, e in self.headers.items()}
         producer = self._producer
         if headers is None and not extra:

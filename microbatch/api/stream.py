@@ -1676,6 +1676,7 @@ class Stream:
         storage_options: Mapping[str, str] | None = None,
         schema_mode: SchemaMode | None = None,
         optimize_every: int | None = None,
+        change_data_feed: bool = False,
     ) -> DataStreamWriter:
         """Write to a Delta table, one commit per batch, exactly once.
 
@@ -1707,6 +1708,10 @@ class Stream:
             columns a batch lacks are written as nulls).
         optimize_every
             Compact small files after every N-th batch.
+        change_data_feed
+            Create the table with ``delta.enableChangeDataFeed=true`` (its
+            commits then record their row changes, for ``read_delta(path,
+            changes=True)``); an existing table must have it already.
 
         Returns
         -------
@@ -1757,6 +1762,7 @@ class Stream:
             storage_options=storage_options,
             schema_mode=schema_mode,
             optimize_every=optimize_every,
+            change_data_feed=change_data_feed,
         )
         return self.write_to(sink, output_mode=output_mode)
 
