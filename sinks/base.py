@@ -32,7 +32,7 @@ __all__ = ["BatchContext", "OutputMode", "Sink", "SinkContext"]
 
 log = logging.getLogger("sinks")
 
-OutputMode = Literal["append", "update", "complete"]
+OutputMode = Literal["append", "update", "complete", "changelog"]
 
 
 @dataclass(frozen=True)
