@@ -1335,8 +1335,10 @@ class Stream:
             ``FanOutSink``) or your own subclass of ``sinks.Sink``.
         output_mode
             ``"append"`` (each result row once, when final), ``"update"`` (the
-            rows whose result changed in the batch) or ``"complete"`` (the whole
-            result every batch; aggregations only).
+            rows whose result changed in the batch), ``"complete"`` (the whole
+            result every batch; aggregations only) or ``"changelog"`` (the
+            batch's changes to the result table, with a ``_change_type`` column:
+            ``insert``, ``update_preimage``, ``update_postimage``, ``delete``).
 
         Returns
         -------
