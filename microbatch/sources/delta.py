@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
@@ -94,6 +94,15 @@ class DeltaCommit:
     """Removed files with ``dataChange=true`` (a delete, update, merge or overwrite)."""
     schema: pl.Schema | None
     """The table schema set by this commit's ``metaData`` action, if it has one."""
+    removed_files: tuple[DeltaFile, ...] = ()
+    """Removed files with ``dataChange=true``, in log order (their rows are a
+    change feed's deletes when the commit wrote no ``cdc`` files)."""
+    change_files: tuple[DeltaFile, ...] = ()
+    """The ``cdc`` actions' files (``_change_data/``), in log order: when present,
+    they are the version's change feed."""
+    change_data_feed: bool | None = None
+    """``delta.enableChangeDataFeed`` as set by this commit's ``metaData``
+    action (``None``: the commit has no ``metaData``)."""
 
     @property
     def rewrites(self) -> bool:
@@ -108,7 +117,9 @@ def parse_commit(version: int, raw: bytes, *, where: str) -> DeltaCommit:
     faithfully (deletion vectors, column mapping).
     """
     files: list[DeltaFile] = []
-    removed = 0
+    removed_files: list[DeltaFile] = []
+    change_files: list[DeltaFile] = []
+    change_data_feed: bool | None = None
     operation, timestamp, schema = "UNKNOWN", None, None
     for line in raw.splitlines():
         if not line.strip():
@@ -127,17 +138,12 @@ def parse_commit(version: int, raw: bytes, *, where: str) -> DeltaCommit:
                     "vector, which read_delta cannot apply; disable deletion vectors on the "
                     "table (delta.enableDeletionVectors=false) and purge them"
                 )
-            files.append(
-                DeltaFile(
-                    path=_decode_path(add["path"]),
-                    partition_values=tuple(sorted((add.get("partitionValues") or {}).items())),
-                    size=int(add.get("size") or 0),
-                    rows=_num_records(add.get("stats")),
-                )
-            )
+            files.append(_file_of(add))
         elif "remove" in action:
             if action["remove"].get("dataChange", True):
-                removed += 1
+                removed_files.append(_file_of(action["remove"]))
+        elif "cdc" in action:
+            change_files.append(_file_of(action["cdc"]))
         elif "commitInfo" in action:
             info = action["commitInfo"]
             operation = _describe_operation(info)
@@ -152,7 +158,23 @@ def parse_commit(version: int, raw: bytes, *, where: str) -> DeltaCommit:
                     "not support it"
                 )
             schema = _schema_from_json(meta["schemaString"], where)
-    return DeltaCommit(version, operation, timestamp, tuple(files), removed, schema)
+            flag = (meta.get("configuration") or {}).get("delta.enableChangeDataFeed", "false")
+            change_data_feed = str(flag).lower() == "true"
+    return DeltaCommit(
+        version, operation, timestamp, tuple(files), len(removed_files), schema,
+        removed_files=tuple(removed_files), change_files=tuple(change_files),
+        change_data_feed=change_data_feed,
+    )
+
+
+def _file_of(action: dict[str, Any]) -> DeltaFile:
+    """The data file named by an ``add``, ``remove`` or ``cdc`` action."""
+    return DeltaFile(
+        path=_decode_path(action["path"]),
+        partition_values=tuple(sorted((action.get("partitionValues") or {}).items())),
+        size=int(action.get("size") or 0),
+        rows=_num_records(action.get("stats")),
+    )
 
 
 def _decode_path(path: str) -> str:
@@ -563,8 +585,7 @@ class DeltaSource(Source):
             return None
         commit = parse_commit(version, raw, where=self.log.log_path(version))
         if commit.timestamp_ms is None:
-            commit = DeltaCommit(version, commit.operation, self.log.mtime_ms(version),
-                                 commit.files, commit.removed, commit.schema)
+            commit = replace(commit, timestamp_ms=self.log.mtime_ms(version))
         self._commits[version] = commit
         return commit
 
