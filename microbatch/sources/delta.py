@@ -28,6 +28,8 @@ What each kind of commit does to the stream:
   With ``ignore_changes=True`` such a version's added files are read
   instead, so every row of a rewritten file is emitted again (duplicates of
   the unchanged rows, as Spark's ``ignoreChanges``); removals are ignored.
+  To follow such versions as changes, read the table's Change Data Feed
+  (``read_delta(path, changes=True)``, :mod:`microbatch.sources.delta_changes`).
 
 Rows are read from the data files with Polars, partition columns restored
 from the ``add`` action's ``partitionValues`` with the table's types, and
@@ -735,7 +737,9 @@ class DeltaSource(Source):
             "on, restart with ignore_changes=True passed to read_delta "
             "(the rows of rewritten files are emitted "
             "again, so unchanged rows appear twice downstream), or start a new checkpoint "
-            f"with starting_version={commit.version + 1}."
+            f"with starting_version={commit.version + 1}. To follow deletes and updates, "
+            "read the table's change feed instead: read_delta(path, changes=True) (the "
+            "table needs delta.enableChangeDataFeed=true)."
         )
 
 
