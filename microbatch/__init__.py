@@ -37,6 +37,7 @@ from microbatch.api import (
 from microbatch.distributed import RayExecutor
 from microbatch.engine.executors import LocalExecutor
 from microbatch.exceptions import (
+    ChangeDataFeedError,
     CheckpointCorruptError,
     CheckpointError,
     CheckpointFormatError,
@@ -63,6 +64,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AvailableNow",
+    "ChangeDataFeedError",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointFormatError",

@@ -18,6 +18,7 @@ from statestore.exceptions import MicrobatchError
 
 __all__ = [
     "USER_ERRORS",
+    "ChangeDataFeedError",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointFormatError",
@@ -83,6 +84,12 @@ class TransformError(PlanError):
 
 class SourceError(MicrobatchError):
     """A source could not list or read its data."""
+
+
+class ChangeDataFeedError(SourceError):
+    """A Delta table version has no change data feed (``read_delta(changes=True)``):
+    it removes or rewrites data while ``delta.enableChangeDataFeed`` was off. The
+    message names the version and how to turn the feed on."""
 
 
 class CheckpointError(MicrobatchError):

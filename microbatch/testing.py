@@ -48,6 +48,8 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 class _CollectSink(Sink):
     """Keeps each batch's rows; idempotent per batch id like every sink."""
 
+    supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete", "changelog")
+
     def __init__(self) -> None:
         self.batches: dict[int, pl.DataFrame] = {}
 

@@ -18,6 +18,10 @@ engine, so the sinks can be used and tested on their own.
   ``Idempotency-Key``: at least once per key, one body per key.
 - :class:`FanOutSink`: several sinks, each exactly once per batch id;
   :class:`Routed` gives one of them a subset of the rows, with its own mode.
+
+Changelogs (a ``_change_type`` column, :mod:`sinks.changelog`): in ``update``
+mode the memory, Delta and Kafka sinks apply deletes as well as upserts; in
+``changelog`` mode sinks append the change rows (:mod:`sinks.changes`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ __all__ = ["BatchContext", "OutputMode", "Sink", "SinkContext"]
 
 log = logging.getLogger("sinks")
 
-OutputMode = Literal["append", "update", "complete"]
+OutputMode = Literal["append", "update", "complete", "changelog"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Sink(ABC):
     durable record of stored batches); they do not override :meth:`add_batch`.
     """
 
-    supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete")
+    supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete", "changelog")
     mode_advice: str = ""
     """Appended to the error for an unsupported output mode (what to use instead)."""
     _ctx: SinkContext | None = None

@@ -6,8 +6,9 @@ A *changelog* frame is an ordinary frame with one more column,
 - ``insert``: a row added to the result table;
 - ``update_preimage``: the row as it was before an update (informational: a
   table that applies the change ignores it);
-- ``update_postimage``: the row as it is after that update; it directly follows
-  its preimage in the frame;
+- ``update_postimage``: the row as it is after an update. Operators emit it
+  directly after its preimage; a source may not (a Delta Change Data Feed does
+  not pair them, an upsert Kafka topic has no preimages): pair them by key;
 - ``delete``: a row removed from the result table (all its columns carry the
   values it had, so that a consumer can find it by any key).
 

@@ -15,7 +15,9 @@ table itself records which batches it holds. Protocol for batch ``N``
         5. commit the data with Transaction(app_id, N), through the same
            handle that read the version in step 2
               append:   write_deltalake(mode="append")
-              update:   MERGE (upsert) on the key columns
+              update:   MERGE (upsert) on the key columns; a changelog batch:
+                        one MERGE that deletes, updates and inserts
+              changelog: write_deltalake(mode="append") of the change rows
               complete: write_deltalake(mode="overwrite")
            a CommitFailedError (a concurrent commit, e.g. another writer with
            the same app id that committed N first): go back to 1 -- the
@@ -39,7 +41,11 @@ kept apart from the data commits that do.
 
 A batch without rows commits nothing in ``append`` and ``update`` mode, so
 no-data batches (watermark ticks) do not add empty versions to the history;
-in ``complete`` mode an empty result is a real result and overwrites.
+in ``complete`` mode an empty result is a real result and overwrites. In
+``update`` mode a changelog batch whose MERGE changes no row (it only deletes
+keys the table does not hold) commits nothing either: delta-rs makes no
+commit for such a MERGE. Its replay is a no-op all the same, since it finds
+the table as it was.
 
 Small files: each batch adds at least one file per partition. Pass
 ``optimize_every=N`` to run ``DeltaTable.optimize.compact()`` after every
@@ -69,6 +75,8 @@ import polars as pl
 from polars.datatypes import DataTypeClass
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
+from sinks.changelog import CHANGE_TYPE, is_changelog
+from sinks.changes import changelog_rows, table_changes
 from sinks.delta_durability import local_root, persist_versions
 from sinks.exceptions import SinkConfigError, SinkError
 
@@ -84,6 +92,11 @@ MAX_ATTEMPTS = 10
 """How many times a batch is tried after commit conflicts before the sink gives up."""
 
 _SOURCE, _TARGET = "s", "t"
+_CDF = "delta.enableChangeDataFeed"
+_CDF_COLUMNS = (CHANGE_TYPE, "_commit_version", "_commit_timestamp")
+"""Columns a change feed reader adds: a table with the feed must not have them."""
+_DELETED = "__microbatch_deleted__"
+"""The MERGE source's column marking a key to delete (never written to the table)."""
 _UNSIGNED: dict[type[pl.DataType], pl.DataType] = {
     pl.UInt8: pl.Int16(),
     pl.UInt16: pl.Int32(),
@@ -121,6 +134,22 @@ class DeltaSink(Sink):
         Compact small files after every N-th batch (by batch id).
     max_attempts
         Commit attempts per batch (each after a reload) before giving up.
+    change_data_feed
+        Create the table with ``delta.enableChangeDataFeed=true``, so that
+        every commit also records its row changes (MERGE: ``_change_data``
+        files with pre/post images and deletes) for ``read_delta(path,
+        changes=True)`` and other CDF readers. An existing table must already
+        have it (:class:`SinkConfigError` otherwise, naming the fix). Not with
+        ``output_mode="changelog"``: that table holds a ``_change_type``
+        column, a name Delta's change feed reserves.
+
+    Output modes: ``append`` appends; ``complete`` overwrites; ``update``
+    MERGEs by ``merge_keys`` -- a batch carrying ``_change_type`` (a
+    changelog, :mod:`sinks.changelog`) is applied in the same single MERGE
+    (a key whose last change in the batch is a ``delete`` is deleted, the
+    others upserted, preimages ignored); ``changelog`` appends the change
+    rows themselves, ``_change_type`` included (see
+    :func:`sinks.changes.changelog_rows` for a batch without it).
 
     Guarantees: a batch id is in the table at most once, whatever the
     crashes, replays and concurrent writers with the same query id; a batch
@@ -128,7 +157,7 @@ class DeltaSink(Sink):
     writes anything.
     """
 
-    supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete")
+    supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete", "changelog")
 
     def __init__(
         self,
@@ -140,6 +169,7 @@ class DeltaSink(Sink):
         schema_mode: SchemaMode | None = None,
         optimize_every: int | None = None,
         max_attempts: int = MAX_ATTEMPTS,
+        change_data_feed: bool = False,
     ) -> None:
         if schema_mode not in (None, "merge"):
             raise SinkConfigError(
@@ -163,6 +193,7 @@ class DeltaSink(Sink):
         self.schema_mode: SchemaMode | None = schema_mode
         self.optimize_every = optimize_every
         self.max_attempts = max_attempts
+        self.change_data_feed = bool(change_data_feed)
         self.last_commit: dict[str, Any] = {}
         """What the last ``add_batch`` did: ``batch_id``, ``skipped``, ``attempts``,
         ``version`` (the table version it committed) and ``commit_ms``."""
@@ -186,10 +217,18 @@ class DeltaSink(Sink):
             )
         if not ctx.query_id:
             raise SinkConfigError("DeltaSink needs a query id (the app id of its transactions)")
+        if self.change_data_feed and ctx.output_mode == "changelog":
+            raise SinkConfigError(
+                f"Delta table {self.uri}: change_data_feed=True with output_mode='changelog': "
+                f"the table would hold a {CHANGE_TYPE!r} column, a name Delta's change feed "
+                "reserves (its readers fail on it). The changelog table is itself the change "
+                "feed: drop change_data_feed, or write output_mode='update' to a CDF table"
+            )
         self._table = self._load()
         self._fresh = False
         if self._table is not None:
             self._check_partitioning(self._table)
+            self._check_change_feed(self._table)
 
     def is_written(self, batch: BatchContext) -> bool:
         """The table's app transaction of this query is at or past the batch id."""
@@ -205,8 +244,17 @@ class DeltaSink(Sink):
         """Commit ``df`` as one table version carrying the app transaction
         ``(query id, batch id)``; on a commit conflict reload and try again."""
         batch_id, mode = batch.batch_id, batch.output_mode
-        data = delta_frame(df, batch_id=batch_id, uri=self.uri)
         keys = self.merge_keys or batch.key_columns
+        where = f"{self.label} batch {batch_id}"
+        deleted: pl.Series | None = None  # update mode with a changelog: the delete rows
+        if mode == "changelog":
+            df = changelog_rows(df, keys, where)
+        elif mode == "update" and is_changelog(df):
+            _check_keys(df, keys, batch_id, self.uri, unique=False)
+            upserts, deletes = table_changes(df, keys, where)
+            df = pl.concat([upserts, deletes], how="vertical_relaxed")
+            deleted = pl.Series(_DELETED, [False] * upserts.height + [True] * deletes.height)
+        data = delta_frame(df, batch_id=batch_id, uri=self.uri)
         if mode == "update":
             _check_keys(data, keys, batch_id, self.uri)
         started = time.perf_counter()
@@ -227,7 +275,7 @@ class DeltaSink(Sink):
             batch.at("sink.before_commit")
             read_version = table.version()
             try:
-                self._commit(table, aligned, batch_id, mode, keys)
+                self._commit(table, aligned, batch_id, mode, keys, deleted=deleted)
             except Exception as exc:
                 if not _is_conflict(exc):
                     raise self._write_error(batch_id, exc) from exc
@@ -253,7 +301,7 @@ class DeltaSink(Sink):
 
     def describe(self) -> dict[str, Any]:
         """Kind, table URI and options (storage options are left out: they hold secrets)."""
-        return {
+        described: dict[str, Any] = {
             "kind": type(self).__name__,
             "path": self.uri,
             "partition_by": list(self.partition_by),
@@ -261,6 +309,9 @@ class DeltaSink(Sink):
             "schema_mode": self.schema_mode,
             "optimize_every": self.optimize_every,
         }
+        if self.change_data_feed:  # only when set: older checkpoints keep their description
+            described["change_data_feed"] = True
+        return described
 
     # ------------------------------------------------------------------ steps
 
@@ -292,6 +343,13 @@ class DeltaSink(Sink):
         """Create the table with ``data``'s schema (a metadata-only commit) and load it."""
         from deltalake import DeltaTable
 
+        reserved = [c for c in _CDF_COLUMNS if c in data.columns]
+        if self.change_data_feed and reserved:
+            raise SinkConfigError(
+                f"Delta table {self.uri}: change_data_feed=True, and batch {batch_id} has the "
+                f"column(s) {reserved}, names Delta's change feed reserves; rename them, or "
+                "drop change_data_feed"
+            )
         missing = [c for c in self.partition_by if c not in data.columns]
         if missing:
             raise SinkConfigError(
@@ -304,6 +362,7 @@ class DeltaSink(Sink):
                 _arrow(data).schema,
                 mode="ignore",
                 partition_by=list(self.partition_by) or None,
+                configuration={_CDF: "true"} if self.change_data_feed else None,
                 storage_options=self.storage_options or None,
             )
         except Exception as exc:
@@ -317,7 +376,18 @@ class DeltaSink(Sink):
         self._table = table
         self._persist(0)
         self._check_partitioning(table)
+        self._check_change_feed(table)  # a concurrent creator may have made it without
         return table
+
+    def _check_change_feed(self, table: DeltaTable) -> None:
+        config = table.metadata().configuration
+        if self.change_data_feed and config.get(_CDF, "false").lower() != "true":
+            raise SinkConfigError(
+                f"Delta table {self.uri} exists without {_CDF}=true, and the sink was asked "
+                "for change_data_feed=True (it only sets it on a table it creates). Enable it "
+                f"once with DeltaTable({self.uri!r}).alter.set_table_properties({{{_CDF!r}: "
+                "'true'}), or write to a new table"
+            )
 
     def _check_partitioning(self, table: DeltaTable) -> None:
         existing = tuple(table.metadata().partition_columns)
@@ -350,25 +420,37 @@ class DeltaSink(Sink):
 
     def _commit(
         self, table: DeltaTable, data: pl.DataFrame, batch_id: int, mode: OutputMode,
-        keys: Sequence[str],
+        keys: Sequence[str], *, deleted: pl.Series | None = None,
     ) -> None:
-        """Step 5: one Delta commit holding the data and the app transaction."""
+        """Step 5: one Delta commit holding the data and the app transaction.
+
+        ``deleted`` (update mode with a changelog) marks the rows whose key is
+        deleted: one MERGE then deletes the matched ones, updates the other
+        matched keys and inserts the other unmatched keys."""
         from deltalake import CommitProperties, Transaction, write_deltalake
 
         props = CommitProperties(app_transactions=[Transaction(self.context.query_id, batch_id)])
-        arrow = _arrow(data)
         evolve = self.schema_mode == "merge"
         if mode == "update":
+            source = data if deleted is None else data.with_columns(deleted)
             merger = table.merge(
-                arrow,
+                _arrow(source),
                 predicate=merge_predicate(data, keys),
                 source_alias=_SOURCE,
                 target_alias=_TARGET,
                 merge_schema=evolve,
                 commit_properties=props,
             )
-            merger.when_matched_update_all().when_not_matched_insert_all().execute()
+            if deleted is None:
+                merger.when_matched_update_all().when_not_matched_insert_all().execute()
+                return
+            flag, hidden = f"{_SOURCE}.{_quote(_DELETED)}", [_DELETED]
+            # NOTE: the first matching clause wins, so the delete clause comes first
+            merger.when_matched_delete(predicate=flag).when_matched_update_all(
+                except_cols=hidden
+            ).when_not_matched_insert_all(predicate=f"NOT {flag}", except_cols=hidden).execute()
             return
+        arrow = _arrow(data)
         write_deltalake(
             table,
             arrow,
@@ -606,14 +688,16 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _check_keys(data: pl.DataFrame, keys: Sequence[str], batch_id: int, uri: str) -> None:
+def _check_keys(
+    data: pl.DataFrame, keys: Sequence[str], batch_id: int, uri: str, *, unique: bool = True
+) -> None:
     missing = [k for k in keys if k not in data.columns]
     if missing:
         raise SinkError(
             f"Delta table {uri}: merge key(s) {missing} are not columns of batch {batch_id} "
             f"(its columns: {data.columns}); fix merge_keys"
         )
-    if data.height and data.select(keys).is_duplicated().any():
+    if unique and data.height and data.select(keys).is_duplicated().any():
         dupes = data.select(keys).filter(data.select(keys).is_duplicated()).unique().height
         raise SinkError(
             f"Delta table {uri}: batch {batch_id} has {dupes} merge key value(s) on several "

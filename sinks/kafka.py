@@ -32,13 +32,31 @@ returns; an error fails the batch.
 Values are serialized for the whole batch in one call (``write_ndjson`` then
 split into lines), never one ``json.dumps`` per row.
 
+Changes (:mod:`sinks.changelog`) with ``format="json"`` (or ``"raw"``): the
+record key is ``key=`` when given, otherwise the query's key columns as one
+JSON object (``{"k":1}``), so that the changes of a key stay on one partition,
+in order.
+
+- ``output_mode="update"`` with a batch carrying ``_change_type``: one record
+  per key changed in the batch (its last change; preimages dropped): the row
+  without ``_change_type`` as the value, and for a ``delete`` a *tombstone*
+  (the key, a null value). Compacting the topic by key (last record per key,
+  a tombstone meaning absent) gives the result table. It needs a key
+  (:class:`SinkConfigError` otherwise). Without ``_change_type``, as before:
+  every row a record, keyed by ``key=`` only.
+- ``output_mode="changelog"``: every change row a record, ``_change_type``
+  in the value (see :func:`sinks.changes.changelog_rows` for a batch without
+  it); ``format="raw"`` is refused (it writes only the ``value`` column).
+
 Changelog formats (a frame's ``_change_type`` column, :mod:`sinks.changelog`;
 a frame without it is all inserts/upserts), whatever the output mode:
 
 - ``format="upsert"`` (Kafka Streams' KTable, Flink's upsert-kafka): the key is
   the key columns as a JSON object, the value the row as JSON (without
   ``_change_type``); a ``delete`` is a tombstone (null value); preimages are
-  not written.
+  not written. These are the records of ``output_mode="update"`` with
+  ``_change_type`` above (one implementation): one per key changed in the
+  batch, its last change; a frame without ``_change_type``, one per row.
 - ``format="debezium-json"``: one Debezium envelope per change, ``{"before",
   "after", "op", "source"}``: ``insert`` is ``c`` (``after``), a preimage
   followed by its postimage is one ``u`` (``before`` and ``after``; a postimage
@@ -58,7 +76,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import polars as pl
@@ -66,12 +84,13 @@ import polars as pl
 from sinks.base import BatchContext, Sink, SinkContext
 from sinks.changelog import (
     CHANGE_TYPE,
-    CHANGE_TYPES,
     DELETE,
     INSERT,
     UPDATE_POSTIMAGE,
     UPDATE_PREIMAGE,
+    is_changelog,
 )
+from sinks.changes import changelog_rows, check_changes, last_changes
 from sinks.exceptions import SinkConfigError, SinkError
 from sinks.kafka_client import check_config, client_config, create_topics, redact
 
@@ -87,6 +106,20 @@ _RESERVED = ("bootstrap.servers", "transactional.id", "enable.idempotence")
 _TIMEOUT_S = 60.0
 _GRACE_S = 5.0
 """How long past its own timeout a transaction call may take before the sink gives up."""
+_ROW = "__microbatch_record_row"
+"""A row number column added while picking a changelog's records (dropped after)."""
+
+
+class _Records(NamedTuple):
+    """A batch as the records to produce: record ``i`` comes from row ``rows[i]`` of
+    ``frame`` (``rows`` None: from row ``i``), whose header expressions it gets; its
+    key is ``keys[i]`` (``keys`` None: no key), its value ``values[i]`` (None: a
+    tombstone)."""
+
+    frame: pl.DataFrame
+    rows: np.ndarray | None
+    keys: list[bytes | None] | None
+    values: Sequence[bytes | None]
 
 
 class TransactionStuckError(SinkError):
@@ -104,7 +137,8 @@ class KafkaSink(Sink):
         ``host:port[,...]`` of the cluster.
     key
         Column name or Polars expression for the record key (cast to text,
-        or bytes as they are); ``None`` for no key.
+        or bytes as they are); ``None`` for no key (for changes, the query's key
+        columns as one JSON object: see the module docs).
     format
         ``"json"``: every column of the row as one JSON object (datetimes in
         ISO-8601, decimals as exact strings); ``"raw"``: the ``value`` column
@@ -249,6 +283,12 @@ class KafkaSink(Sink):
         """Create the producer; in exactly-once mode fence older runs (init_transactions)."""
         from confluent_kafka import Consumer, KafkaException, Producer
 
+        if ctx.output_mode == "changelog" and self.format == "raw":
+            raise SinkConfigError(
+                f"{self.label}: output_mode='changelog' writes each change with its "
+                f"{CHANGE_TYPE!r}, and format='raw' writes only the 'value' column; use "
+                "format='json'"
+            )
         if self.format == "upsert" and not (self.key_columns or ctx.key_columns):
             raise SinkConfigError(
                 f"KafkaSink({self.topic!r}, format='upsert'): records are keyed by the key "
@@ -313,10 +353,11 @@ class KafkaSink(Sink):
     def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
         """One transaction with the rows and the batch's marker, or, at least once,
         confirmed deliveries with dedupe headers."""
+        records = self._records(batch, df)
         if self.delivery_guarantee == "at_least_once":
-            self._write_at_least_once(batch, df)
+            self._write_at_least_once(batch, records)
         else:
-            self._write_transaction(batch, df)
+            self._write_transaction(batch, records)
 
     def last_committed_batch(self) -> int | None:
         """The last batch id whose transaction committed, read from the marker group."""
@@ -336,17 +377,17 @@ class KafkaSink(Sink):
             raise SinkError(f"KafkaSink({self.topic!r}): marker of {self.group_id!r}: {tp.error}")
         return None if tp.offset < 0 else tp.offset - 1
 
-    def _write_transaction(self, batch: BatchContext, df: pl.DataFrame) -> None:
+    def _write_transaction(self, batch: BatchContext, records: _Records) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
         batch_id = batch.batch_id
         producer = self._producer
         producer.begin_transaction()
         try:
-            self._produce(batch, df, headers=None)
+            self._produce(records, headers=None)
             batch.at("sink.after_data")
             marker = json.dumps({"batch_id": batch_id, "query_id": self._query_id(),
-                                 "rows": df.height})
+                                 "rows": len(records.values)})
             group = self._reader.consumer_group_metadata()
             self._bounded("send_offsets_to_transaction", batch_id, lambda: (
                 producer.send_offsets_to_transaction(
@@ -414,11 +455,11 @@ class KafkaSink(Sink):
         except Exception as exc:  # the next init_transactions aborts it anyway
             log.warning("kafka sink %s: abort of batch %d failed: %s", self.topic, batch_id, exc)
 
-    def _write_at_least_once(self, batch: BatchContext, df: pl.DataFrame) -> None:
+    def _write_at_least_once(self, batch: BatchContext, records: _Records) -> None:
         batch_id = batch.batch_id
         self._errors = []
         fixed = [("mb_query_id", batch.query_id.encode()), ("mb_batch_id", str(batch_id).encode())]
-        self._produce(batch, df, headers=fixed)
+        self._produce(records, headers=fixed)
         batch.at("sink.after_data")
         remaining = self._producer.flush(_TIMEOUT_S)
         if remaining or self._errors:
@@ -436,13 +477,13 @@ class KafkaSink(Sink):
             self._errors.append(str(err))
 
     def _produce(
-        self, batch: BatchContext, df: pl.DataFrame, *, headers: list[tuple[str, bytes]] | None
+        self, records: _Records, *, headers: list[tuple[str, bytes]] | None
     ) -> None:
         """Enqueue every record; vectorized serialization, one produce call per record."""
-        if df.height == 0:
+        frame, rows, keys, values = records
+        if not len(values):
             return
-        rows, keys, values = self._records(batch, df)
-        extra = {name: self._column_bytes(df, e, rows) for name, e in self.headers.items()}
+        extra = {name: self._column_bytes(frame, e, rows) for name, e in self.headers.items()}
         producer = self._producer
         if headers is None and not extra:
             messages = (
@@ -491,37 +532,52 @@ class KafkaSink(Sink):
             i += chunk
         producer.flush(_TIMEOUT_S)
 
-    def _records(
-        self, batch: BatchContext, df: pl.DataFrame
-    ) -> tuple[np.ndarray | None, list[bytes | None] | None, Sequence[bytes | None]]:
-        """``(rows, keys, values)`` of the records to write: ``rows[i]`` is the row of
-        ``df`` record ``i`` comes from (``None``: record ``i`` is row ``i``)."""
-        if self.format not in ("upsert", "debezium-json"):
-            plain = self._column_bytes(df, self.key) if self.key is not None else None
-            return None, plain, self._values(df)
-        change = _change_types(df, self.topic)
-        data = df.drop(CHANGE_TYPE, strict=False)
-        # NOTE: explicit key_columns, then an explicit key, then the query's key columns
-        use_key = self.key is not None and not self.key_columns
-        key_columns = () if use_key else (self.key_columns or batch.key_columns)
-        missing = [c for c in key_columns if c not in data.columns]
-        if missing:
-            raise SinkError(
-                f"KafkaSink({self.topic!r}): key column(s) {missing} are not in the batch "
-                f"{data.columns}; fix key_columns"
+    def _records(self, batch: BatchContext, df: pl.DataFrame) -> _Records:
+        """The records to write for ``df``, by format and output mode (module docs)."""
+        where = f"{self.label} batch {batch.batch_id}"
+        if self.format == "debezium-json":
+            return self._debezium(batch, df, where)
+        if self.format == "upsert" or (batch.output_mode == "update" and is_changelog(df)):
+            return self._upserts(batch, df, where)
+        if batch.output_mode == "changelog":
+            frame = changelog_rows(df, batch.key_columns, where)
+            names = () if self.key is not None else self._key_columns(batch, frame, where)
+            return _Records(frame, None, self._keys(frame, None, names), self._values(frame))
+        plain = self._column_bytes(df, self.key) if self.key is not None else None
+        return _Records(df, None, plain, self._values(df))
+
+    def _upserts(self, batch: BatchContext, df: pl.DataFrame, where: str) -> _Records:
+        """A keyed log's records (``format="upsert"``, or ``output_mode="update"`` with
+        ``_change_type``): per key its last change in the batch, preimages dropped, a
+        ``delete`` a tombstone (the key, a null value); without ``_change_type``, a
+        record per row."""
+        names = self._key_columns(batch, df, where)
+        if self.key is None and not names:
+            raise SinkConfigError(
+                f"{where}: output_mode='update' turns a delete into a tombstone (a record "
+                "with the row's key and no value), and this query has neither key columns "
+                "nor a record key; pass key= to write_kafka"
             )
+        if not is_changelog(df):
+            return _Records(df, None, self._keys(df, None, names), self._values(df))
+        last = last_changes(df.with_row_index(_ROW), names, where)
+        rows = last.get_column(_ROW).to_numpy()
+        is_delete = (last.get_column(CHANGE_TYPE) == DELETE).to_numpy()
+        values = self._values(last.drop(_ROW, CHANGE_TYPE))
+        return _Records(df, rows, self._keys(df, rows, names), _null_where(values, is_delete))
+
+    def _debezium(self, batch: BatchContext, df: pl.DataFrame, where: str) -> _Records:
+        """One Debezium envelope per change (a preimage and its postimage: one ``u``),
+        and, when keyed, a tombstone right after each ``d``."""
+        check_changes(df, where)
+        change = (df.get_column(CHANGE_TYPE).cast(pl.String) if is_changelog(df)
+                  else pl.repeat(INSERT, df.height, dtype=pl.String, eager=True))
+        data = df.drop(CHANGE_TYPE, strict=False)
+        names = () if self.key is not None else self._key_columns(batch, data, where)
         kept = (change != UPDATE_PREIMAGE).to_numpy()
         rows = np.flatnonzero(kept)
         is_delete = (change == DELETE).to_numpy()[rows]
-        keys: list[bytes | None] | None = None
-        if key_columns:
-            keys = list(_ndjson(data[rows].select(key_columns)))
-        elif use_key:
-            assert self.key is not None
-            keys = self._column_bytes(df, self.key, rows)
-        if self.format == "upsert":
-            # a delete is a tombstone: the key with a null value
-            return rows, keys, _null_where(_ndjson(data[rows]), is_delete)
+        keys = self._keys(df, rows, names)
         row = pl.struct(data.columns)
         ct = pl.lit(change)
         envelopes = data.select(
@@ -539,18 +595,42 @@ class KafkaSink(Sink):
         ).filter(pl.Series(kept))
         values = _ndjson(envelopes)
         if keys is None or not self.tombstones_on_delete or not is_delete.any():
-            return rows, keys, values
+            return _Records(df, rows, keys, values)
         # a tombstone (same key, null value) right after each delete, as Debezium writes
         deletes = np.flatnonzero(is_delete)
         n = len(rows)
         order = np.argsort(np.concatenate([np.arange(n) * 2, deletes * 2 + 1]), kind="stable")
         at = np.concatenate([np.arange(n), deletes])[order]
         tomb = np.concatenate([np.zeros(n, dtype=bool), np.ones(len(deletes), dtype=bool)])
-        return (
+        return _Records(
+            df,
             rows[at],
             pl.Series(keys, dtype=pl.Binary).gather(at).to_list(),
             _null_where(pl.Series(values, dtype=pl.Binary).gather(at).to_list(), tomb[order]),
         )
+
+    def _key_columns(
+        self, batch: BatchContext, frame: pl.DataFrame, where: str
+    ) -> tuple[str, ...]:
+        """``key_columns=``, else the query's key columns; checked against ``frame``."""
+        names = self.key_columns or batch.key_columns
+        missing = [c for c in names if c not in frame.columns]
+        if missing:
+            fix = "; fix key_columns" if self.key_columns else ""
+            raise SinkError(f"{where}: the key column(s) {missing} are not in the batch "
+                            f"(its columns: {frame.columns}){fix}")
+        return names
+
+    def _keys(
+        self, frame: pl.DataFrame, rows: np.ndarray | None, names: Sequence[str]
+    ) -> list[bytes | None] | None:
+        """The record keys of ``frame``'s ``rows``: ``key=`` when given, else the
+        ``names`` columns as one JSON object, else none."""
+        if self.key is not None:
+            return self._column_bytes(frame, self.key, rows)
+        if not names:
+            return None
+        return list(_ndjson((frame if rows is None else frame[rows]).select(names)))
 
     def _values(self, df: pl.DataFrame) -> Sequence[bytes | None]:
         if self.format == "raw":
@@ -600,20 +680,6 @@ def _null_where(values: Sequence[bytes | None], mask: np.ndarray) -> list[bytes 
     frame = pl.DataFrame({"v": pl.Series(values, dtype=pl.Binary), "m": mask})
     return frame.select(pl.when(pl.col("m")).then(None).otherwise(pl.col("v"))).to_series() \
         .to_list()
-
-
-def _change_types(df: pl.DataFrame, topic: str) -> pl.Series:
-    """The frame's ``_change_type`` (all ``insert`` without the column), checked."""
-    if CHANGE_TYPE not in df.columns:
-        return pl.Series(CHANGE_TYPE, [INSERT] * df.height, dtype=pl.String)
-    change = df.get_column(CHANGE_TYPE)
-    unknown = change.filter(~change.is_in(CHANGE_TYPES) | change.is_null()).unique()
-    if unknown.len():
-        raise SinkError(
-            f"KafkaSink({topic!r}): {CHANGE_TYPE} has value(s) {unknown.to_list()[:5]}, "
-            f"not one of {list(CHANGE_TYPES)}; fix the step that sets it"
-        )
-    return change
 
 
 def _renamed(old: str, new: str) -> None:

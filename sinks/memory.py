@@ -19,6 +19,8 @@ from typing import Any
 import polars as pl
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
+from sinks.changelog import CHANGE_TYPE, DELETE, UPDATE_POSTIMAGE, UPDATE_PREIMAGE, is_changelog
+from sinks.changes import changelog_rows, table_changes
 from sinks.exceptions import SinkConfigError, SinkError
 
 _FIRST_POS = "__microbatch_first_pos__"
@@ -51,7 +53,14 @@ class MemorySink(Sink):
     - ``update``: an upsert by the context's ``key_columns``: for each key the
       row from the latest batch wins (the last row within that batch); rows
       keep the position where their key first appeared. Without key columns,
-      ``update`` behaves like ``append``.
+      ``update`` behaves like ``append``. A batch carrying ``_change_type``
+      (a changelog, :mod:`sinks.changelog`) is applied as changes: a key whose
+      last change is a ``delete`` leaves the table, preimages are ignored, and
+      a key inserted again after a delete takes the position of its new
+      insert. Such a batch needs key columns (:class:`SinkConfigError`);
+    - ``changelog``: every batch's change rows concatenated, ``_change_type``
+      included (a batch without it: all inserts, see
+      :func:`sinks.changes.changelog_rows`).
 
     A query reopening ``name`` with the same query id (a restart on the same
     checkpoint) keeps the stored batches, so its replay of the last batch is a
@@ -112,6 +121,11 @@ class MemorySink(Sink):
     def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
         """Store ``df`` as batch ``batch.batch_id``."""
         batch_id = batch.batch_id
+        where = f"{self.label} batch {batch_id}"
+        if batch.output_mode == "changelog":
+            df = changelog_rows(df, batch.key_columns, where)
+        elif batch.output_mode == "update" and is_changelog(df):
+            table_changes(df, batch.key_columns, where)  # refuse bad changes now, not on read
         if batch.output_mode == "update" and df.width:
             # NOTE: a batch without columns (a source without a declared schema
             # whose every record was a dead letter) has no rows to upsert
@@ -182,10 +196,22 @@ def memory_table(name: str) -> pl.DataFrame:
         frames = [df for _, df in sorted(table.batches.items())]
         mode, keys, schema = table.output_mode, table.key_columns, table.schema
     if not frames:
+        if mode == "update" and schema is not None and CHANGE_TYPE in schema:
+            schema = pl.Schema({n: t for n, t in schema.items() if n != CHANGE_TYPE})
         return pl.DataFrame(schema=schema)
     if mode == "complete":
         return frames[-1].clone()
+    changes = mode == "update" and bool(keys) and any(is_changelog(df) for df in frames)
+    if changes:
+        # batches of plain upserts among changelog batches: each row an upsert
+        frames = [
+            df if is_changelog(df) or not df.width
+            else df.with_columns(pl.lit(UPDATE_POSTIMAGE).alias(CHANGE_TYPE))
+            for df in frames
+        ]
     combined = _concat(name, frames)
+    if changes:
+        return _apply_changes(combined, keys)
     if mode == "update" and keys:
         return (
             combined.with_row_index(_FIRST_POS)
@@ -195,6 +221,30 @@ def memory_table(name: str) -> pl.DataFrame:
             .drop(_FIRST_POS)
         )
     return combined
+
+
+def _apply_changes(changes: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
+    """The table left by applying ``changes`` (every batch's, in order) by ``keys``.
+
+    Vectorized over the whole history: each key's last non-preimage change
+    decides (a delete: absent); a row sits where its key was first inserted
+    after the key's last delete.
+    """
+    if CHANGE_TYPE not in changes.columns:  # only empty batches without columns
+        return changes
+    kind = pl.col(CHANGE_TYPE)
+    pos = pl.col(_FIRST_POS).cast(pl.Int64)
+    last_delete = "__microbatch_last_delete__"
+    return (
+        changes.with_row_index(_FIRST_POS)
+        .filter(kind != UPDATE_PREIMAGE)
+        .with_columns(pos.filter(kind == DELETE).max().over(keys).fill_null(-1).alias(last_delete))
+        .with_columns(pos.filter(pos > pl.col(last_delete)).min().over(keys).alias(_FIRST_POS))
+        .unique(subset=list(keys), keep="last", maintain_order=True)
+        .filter(kind != DELETE)
+        .sort(_FIRST_POS)
+        .drop(_FIRST_POS, last_delete, CHANGE_TYPE)
+    )
 
 
 def drop_memory_table(name: str) -> None:

@@ -43,6 +43,7 @@ from urllib.parse import quote
 import polars as pl
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
+from sinks.changes import changelog_rows
 from sinks.exceptions import SinkConfigError, SinkError
 from statestore.durable import fsync_dir, make_dirs, write_atomic, write_with
 
@@ -61,11 +62,14 @@ _COMPRESSIONS = frozenset(get_args(ParquetCompression))
 class ParquetSink(Sink):
     """Appends each batch as Parquet files under ``path``, exactly once per batch id.
 
-    Only the ``append`` output mode is supported: files cannot be updated in
-    place. Use the memory sink, or a Delta sink (merge), for ``update`` and
-    ``complete``. All batches keep the columns and types of the first batch
-    with rows: a batch that differs (schema drift) is refused with a
-    :class:`SinkError` naming the change, before anything is written.
+    Only the ``append`` and ``changelog`` output modes are supported: files
+    cannot be updated in place. ``changelog`` appends the change rows,
+    ``_change_type`` included (a batch without it: see
+    :func:`sinks.changes.changelog_rows`). Use the memory sink, or a Delta
+    sink (merge), for ``update`` and ``complete``. All batches keep the
+    columns and types of the first batch with rows: a batch that differs
+    (schema drift) is refused with a :class:`SinkError` naming the change,
+    before anything is written.
 
     Parameters
     ----------
@@ -79,10 +83,11 @@ class ParquetSink(Sink):
         do; :func:`read_parquet_output` restores them with their exact types.
     """
 
-    supported_modes: tuple[OutputMode, ...] = ("append",)
+    supported_modes: tuple[OutputMode, ...] = ("append", "changelog")
     mode_advice = (
         "Parquet files cannot be updated in place: use write_memory for update/complete "
-        "results, or write_delta (merge) to keep an upserted table."
+        "results, write_delta (merge) to keep an upserted table, or output_mode='changelog' "
+        "to append the result's changes."
     )
 
     def __init__(
@@ -148,6 +153,8 @@ class ParquetSink(Sink):
     def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
         """Write the batch's data files, then commit them in the manifest."""
         batch_id = batch.batch_id
+        if batch.output_mode == "changelog":
+            df = changelog_rows(df, batch.key_columns, f"{self.label} batch {batch_id}")
         entry = _entry_path(self._root, batch_id)
         if df.height and self._schema is not None and dict(df.schema) != self._schema:
             raise SinkError(

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import polars as pl
 
 from microbatch.api.stream import Stream, stream_of
+from microbatch.exceptions import PlanError
 from microbatch.plan.nodes import SourceNode
 from microbatch.sources.memory import MemorySource
 from microbatch.types import MissingColumns
@@ -344,9 +345,11 @@ def read_delta(
     starting_timestamp: datetime | str | None = None,
     max_files_per_batch: int | None = None,
     ignore_changes: bool = False,
+    changes: bool = False,
     storage_options: Mapping[str, str] | None = None,
 ) -> Stream:
-    """A stream of the rows appended to a Delta table, version by version.
+    """A stream of the rows appended to a Delta table, version by version,
+    or of its Change Data Feed (``changes=True``).
 
     The table's commits are the log: each batch reads the data files added
     by a recorded range of versions, so replays read the same rows. New
@@ -372,6 +375,16 @@ def read_delta(
     ignore_changes
         Read the added files of versions that rewrite data instead of stopping
         (rewritten rows are emitted again).
+    changes
+        Read the table's Change Data Feed instead: every version's changes
+        (appends, MERGE, UPDATE, DELETE, overwrite) as rows with
+        ``_change_type`` (``insert``, ``update_preimage``,
+        ``update_postimage``, ``delete``), ``_commit_version`` and
+        ``_commit_timestamp`` after the table's columns; whole versions per
+        batch. A version that removes data while the table property
+        ``delta.enableChangeDataFeed`` was off raises
+        :class:`~microbatch.ChangeDataFeedError`. Not with ``ignore_changes``.
+        See :mod:`microbatch.sources.delta_changes`.
     storage_options
         For ``s3://``: delta-rs style options (``AWS_ENDPOINT_URL``,
         ``AWS_ACCESS_KEY_ID``, ...), used for the log and the data files.
@@ -383,8 +396,8 @@ def read_delta(
     Raises
     ------
     PlanError
-        When both ``starting_version`` and ``starting_timestamp`` are given, or
-        an option is out of range.
+        When both ``starting_version`` and ``starting_timestamp`` are given,
+        ``changes`` with ``ignore_changes``, or an option is out of range.
 
     Examples
     --------
@@ -403,7 +416,23 @@ def read_delta(
     [3]
     """
     from microbatch.sources.delta import DeltaSource
+    from microbatch.sources.delta_changes import DeltaChangesSource
 
+    if changes:
+        if ignore_changes:
+            raise PlanError(
+                "read_delta: changes=True reads every change, ignore_changes=True skips them: "
+                "pass one of them"
+            )
+        return stream_of(
+            DeltaChangesSource(
+                path,
+                starting_version=starting_version,
+                starting_timestamp=starting_timestamp,
+                max_files_per_batch=max_files_per_batch,
+                storage_options=dict(storage_options) if storage_options else None,
+            )
+        )
     return stream_of(
         DeltaSource(
             path,

@@ -1335,8 +1335,10 @@ class Stream:
             ``FanOutSink``) or your own subclass of ``sinks.Sink``.
         output_mode
             ``"append"`` (each result row once, when final), ``"update"`` (the
-            rows whose result changed in the batch) or ``"complete"`` (the whole
-            result every batch; aggregations only).
+            rows whose result changed in the batch), ``"complete"`` (the whole
+            result every batch; aggregations only) or ``"changelog"`` (the
+            batch's changes to the result table, with a ``_change_type`` column:
+            ``insert``, ``update_preimage``, ``update_postimage``, ``delete``).
 
         Returns
         -------
@@ -1526,7 +1528,8 @@ class Stream:
         bootstrap
             ``host:port[,...]`` of the cluster.
         key
-            Column name or expression for the record key (``None``: no key).
+            Column name or expression for the record key (``None``: no key; for
+            changes, the query's key columns as one JSON object).
         format
             ``"json"``: every column of the row as one JSON object; ``"raw"``: the
             ``value`` column (bytes or text) as is; changelogs (the rows'
@@ -1542,7 +1545,9 @@ class Stream:
             Extra librdkafka settings for the producer (SASL/SSL...); secrets are
             redacted wherever the sink is described.
         output_mode
-            ``"append"``, ``"update"`` or ``"complete"``.
+            ``"append"``, ``"update"`` (with ``_change_type``: a record per changed
+            key, a tombstone for a delete), ``"complete"`` or ``"changelog"``
+            (every change row, ``_change_type`` in the value; not with ``"raw"``).
         value_format, mode
             Deprecated (removed in 0.3): use ``format`` and ``delivery_guarantee``.
         key_columns
@@ -1690,6 +1695,7 @@ class Stream:
         storage_options: Mapping[str, str] | None = None,
         schema_mode: SchemaMode | None = None,
         optimize_every: int | None = None,
+        change_data_feed: bool = False,
     ) -> DataStreamWriter:
         """Write to a Delta table, one commit per batch, exactly once.
 
@@ -1721,6 +1727,10 @@ class Stream:
             columns a batch lacks are written as nulls).
         optimize_every
             Compact small files after every N-th batch.
+        change_data_feed
+            Create the table with ``delta.enableChangeDataFeed=true`` (its
+            commits then record their row changes, for ``read_delta(path,
+            changes=True)``); an existing table must have it already.
 
         Returns
         -------
@@ -1771,6 +1781,7 @@ class Stream:
             storage_options=storage_options,
             schema_mode=schema_mode,
             optimize_every=optimize_every,
+            change_data_feed=change_data_feed,
         )
         return self.write_to(sink, output_mode=output_mode)
 

@@ -41,7 +41,8 @@ class DataStreamWriter:
     def __post_init__(self) -> None:
         if self.output_mode not in get_args(OutputMode):
             raise PlanError(
-                f"unknown output_mode {self.output_mode!r}: use 'append', 'update' or 'complete'"
+                f"unknown output_mode {self.output_mode!r}: use 'append', 'update', "
+                "'complete' or 'changelog'"
             )
         if self.output_mode not in self.sink.supported_modes:
             raise PlanError(
@@ -256,7 +257,7 @@ def validate_aggregations(plan: PlanNode, mode: OutputMode) -> None:
                 )
             continue
         column = node.window.column
-        if not any(m.column == column for m in marks) and mode != "update":
+        if not any(m.column == column for m in marks) and mode not in ("update", "changelog"):
             raise PlanError(
                 f"output_mode={mode!r} with a window on {column!r} needs "
                 f".with_watermark({column!r}, delay) before group_by: without a watermark "

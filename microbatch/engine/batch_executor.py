@@ -53,7 +53,8 @@ def build_operators(plan: PlanNode, output_mode: OutputMode) -> dict[int, Statef
     it in ``plan.walk()``: they name state directories in existing checkpoints.
     A node runs in the output mode its stateful parent asks of it
     (``child_output_mode``: an aggregation under ``fire_once`` emits every
-    change), else in the query's.
+    change; in ``changelog`` mode it emits those changes as a changelog), else
+    in the query's.
     """
     modes: dict[int, OutputMode] = {}
     ops: dict[int, StatefulOperator] = {}
@@ -61,7 +62,10 @@ def build_operators(plan: PlanNode, output_mode: OutputMode) -> dict[int, Statef
         if not isinstance(node, StatefulNode):
             continue
         if node.child_output_mode is not None:
-            modes.update(dict.fromkeys(map(id, node.children), node.child_output_mode))
+            child_mode: OutputMode = node.child_output_mode
+            if output_mode == "changelog" and child_mode == "update":
+                child_mode = "changelog"  # the same rows, with their preimages
+            modes.update(dict.fromkeys(map(id, node.children), child_mode))
         operator_id = f"{node.kind}-{len(ops)}"
         ops[id(node)] = build_operator(node, operator_id, modes.get(id(node), output_mode))
     return ops

@@ -64,6 +64,7 @@ from microbatch.observability.latency import LatencyProbe
 from microbatch.observability.progress import ProgressStore
 from microbatch.observability.record import BatchFacts, progress_record
 from microbatch.operators.base import OperatorContext
+from microbatch.operators.changes import CHANGE_TYPE, as_inserts
 from microbatch.plan.nodes import PlanNode
 from microbatch.plan.triggers import ProcessingTime, Trigger
 from microbatch.sources.base import Source, SourceContext, count_schema_mismatches
@@ -497,6 +498,9 @@ class MicroBatchExecution:
             timestamp_ms=batch.timestamp_ms,
         )
         output = self.executor.execute(inputs, ctx)
+        if self.output_mode == "changelog" and output.width and CHANGE_TYPE not in output.columns:
+            # NOTE: a plan without a changing operator only ever adds rows
+            output = as_inserts(output)
         self.tracker.advance(batch.timestamp_ms)
         # NOTE: never below the watermark this batch ran at (a re-run flush batch)
         self.tracker.raise_to(batch.watermark_ms)

@@ -12,6 +12,11 @@ changes it (early firing, Spark's ``update`` mode). Per batch, vectorized:
    lateness: the aggregation has dropped them too, and no later row can change
    them (such rows are late).
 
+In ``changelog`` output mode the aggregation below emits a changelog too, and
+this operator emits a firing as an ``insert`` and, with ``corrections``, a
+correction as the row emitted before (``update_preimage``, taken from the
+aggregation's preimage) directly followed by the new one (``update_postimage``).
+
 So each (window, keys) fires at most once, in the batch where the condition
 first holds, across crashes and replays (the state is versioned with the batch).
 For a condition that stays true once it holds as a window grows (``n >= 3``,
@@ -37,6 +42,7 @@ from microbatch.operators.registry import builds
 from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.event_time import event_time_ms
 from microbatch.plan.nodes import FireOnceNode
+from sinks.changelog import CHANGE_TYPE, INSERT, UPDATE_POSTIMAGE, UPDATE_PREIMAGE
 
 if TYPE_CHECKING:
     from microbatch.types import OutputMode
@@ -61,12 +67,14 @@ class FireOnce(SingleStoreOperator):
         keys: list[str],
         allowed_lateness_ms: int,
         corrections: bool,
+        changelog: bool = False,
     ) -> None:
         self.operator_id = operator_id
         self.condition = condition
         self.keys = keys
         self.allowed_lateness_ms = allowed_lateness_ms
         self.corrections = corrections
+        self.changelog = changelog
         self.state_dir: Path | None = None
         self.provider: StateStoreProvider | None = None
         self.store: StateStore | None = None
@@ -131,13 +139,23 @@ class FireOnce(SingleStoreOperator):
         if df.height:
             out, fired_now = self._fire(store, df)
         elif self.corrections and df.width:  # the same columns in a batch without rows
-            out = df.with_columns(pl.lit(None, pl.Int64).alias(REVISION))
+            out = df.select(pl.exclude(CHANGE_TYPE), pl.lit(None, pl.Int64).alias(REVISION))
+            if self.changelog:
+                out = out.with_columns(pl.lit(None, pl.String).alias(CHANGE_TYPE))
         if ctx.watermark_ms is not None:
             store.pop_expired(ctx.watermark_ms)
         ctx.metrics[self.operator_id] = {**store.metrics, "fired": fired_now}
         return out
 
     def _fire(self, store: StateStore, df: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+        preimages = None
+        if self.changelog:
+            # NOTE: the aggregation below emits a changelog: the preimages are the
+            # window rows it emitted before (what this operator emitted last for a
+            # fired window, since every change of one is passed on)
+            kind = pl.col(CHANGE_TYPE)
+            preimages = df.filter(kind == UPDATE_PREIMAGE).drop(CHANGE_TYPE)
+            df = df.filter(kind != UPDATE_PREIMAGE).drop(CHANGE_TYPE)
         try:
             rows = df.with_columns(
                 event_time_ms("window_start", df.schema).alias(WS),
@@ -158,9 +176,43 @@ class FireOnce(SingleStoreOperator):
         )
         expire = event_time_ms("window_end", df.schema) + self.allowed_lateness_ms
         store.upsert(chosen.select(*state_keys, REV, expire.alias(EXPIRE)))
+        fired = int(chosen.select((~pl.col("__found")).sum()).item())
+        if preimages is not None:
+            return self._changes(chosen, preimages), fired
         out = chosen.drop(WS, FIRE, "__found")
         out = out.rename({REV: REVISION}) if self.corrections else out.drop(REV)
-        return out, int(chosen.select((~pl.col("__found")).sum()).item())
+        return out, fired
+
+    def _changes(self, chosen: pl.DataFrame, preimages: pl.DataFrame) -> pl.DataFrame:
+        """``changelog`` mode: a firing is an ``insert``; a correction the row
+        emitted before (``revision`` one less) as ``update_preimage``, directly
+        followed by the new one as ``update_postimage``."""
+        columns = list(preimages.columns)
+        chosen = chosen.with_row_index("__pos")
+        post = chosen.select(
+            "__pos",
+            *columns,
+            REV,
+            pl.when("__found").then(pl.lit(UPDATE_POSTIMAGE)).otherwise(pl.lit(INSERT))
+            .alias(CHANGE_TYPE),
+            pl.lit(1, pl.Int8).alias("__side"),
+        )
+        window = ["window_start", *self.keys]
+        pre = (
+            chosen.filter("__found")
+            .select("__pos", *window, REV)
+            .join(preimages, on=window, how="inner", nulls_equal=True)
+            .select(
+                "__pos",
+                *columns,
+                pl.col(REV) - 1,
+                pl.lit(UPDATE_PREIMAGE).alias(CHANGE_TYPE),
+                pl.lit(0, pl.Int8).alias("__side"),
+            )
+        )
+        out = pl.concat([pre, post]).sort(["__pos", "__side"]).drop("__pos", "__side")
+        out = out.rename({REV: REVISION}) if self.corrections else out.drop(REV)
+        return out.select(pl.exclude(CHANGE_TYPE), CHANGE_TYPE)
 
 
 @builds(FireOnceNode)
@@ -173,4 +225,5 @@ def build_fire_once(node: FireOnceNode, operator_id: str, mode: OutputMode) -> S
         keys=list(node.child.keys),
         allowed_lateness_ms=getattr(window, "allowed_lateness_ms", 0),
         corrections=node.corrections,
+        changelog=mode == "changelog",
     )

@@ -23,6 +23,14 @@ Per batch, vectorized: late rows split off; rows pre-aggregated per
 sorted by (keys, start); a running max of ends per key marks where a new
 session begins; one ``group_by`` merges; sessions re-imploded per key and
 upserted; then sessions whose end <= watermark are emitted and dropped.
+
+Output modes: ``append`` emits each session once, when the watermark closes
+it; ``complete`` every session held; ``update`` and ``changelog`` the batch's
+changes to the result table keyed by (``window_start``, ``window_end``, keys),
+with ``_change_type``: a session whose end moved or that merged into another
+is a ``delete`` of the row emitted before, the new session an ``insert``, a
+session whose bounds stayed but whose aggregates changed an
+``update_preimage``/``update_postimage`` pair (:mod:`microbatch.operators.changes`).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from microbatch.operators.base import (
     check_signature,
     split_late_by_time,
 )
+from microbatch.operators.changes import diff_rows, empty_changes
 from microbatch.operators.state import StoreSet
 from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.aggregates import TIME, AggSpec
@@ -181,8 +190,10 @@ class SessionAggregate(StatefulOperator):
             return pl.DataFrame()
         wm = ctx.watermark_ms
         events = self._events(df, wm, ctx) if df.width else None
-        changed = self._merge(events) if events is not None and events.height else None
-        emitted = self._emit(changed, wm)
+        changed, before = (
+            self._merge(events) if events is not None and events.height else (None, None)
+        )
+        emitted = self._emit(changed, before, wm)
         ctx.metrics[self.operator_id] = {
             **self.metrics(),
             "updated_sessions": 0 if changed is None else changed.height,
@@ -204,9 +215,10 @@ class SessionAggregate(StatefulOperator):
             .pipe(collect)
         )
 
-    def _merge(self, events: pl.DataFrame) -> pl.DataFrame:
+    def _merge(self, events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Merge batch events with their keys' stored sessions; stage the result;
-        return the keys' sessions as one row per (key, session)."""
+        return the keys' sessions as one row per (key, session), and their
+        stored sessions before this batch."""
         keys = events.select(self.keys).unique(maintain_order=True)
         high = self.index.lookup(keys).select(
             *self.keys, pl.when("__found").then(pl.col(N)).otherwise(0).alias(N)
@@ -254,18 +266,40 @@ class SessionAggregate(StatefulOperator):
             self.sessions.delete(stale)
         self.sessions.upsert(sessions.select(*self.keys, SLOT, S, E, *self.pcols))
         self.index.upsert(counts.select(*self.keys, pl.col("__m").alias(N), MAX_END))
-        return sessions
+        return sessions, stored
 
-    def _emit(self, changed: pl.DataFrame | None, wm: int | None) -> pl.DataFrame:
+    def _emit(
+        self, changed: pl.DataFrame | None, before: pl.DataFrame | None, wm: int | None
+    ) -> pl.DataFrame:
         closed = None
         if wm is not None and self.output_mode != "complete":
             closed = self.sessions.pop_expired(wm)
             self.index.pop_expired(wm)
         if self.output_mode == "append":
             return self._finalize(closed if closed is not None else self._empty())
-        if self.output_mode == "update":
-            return self._finalize(changed if changed is not None else self._empty())
+        if self.output_mode in ("update", "changelog"):
+            return self._changes(changed, before)
         return self._finalize(self.sessions.to_frame())
+
+    def _changes(self, changed: pl.DataFrame | None, before: pl.DataFrame | None) -> pl.DataFrame:
+        """The batch's changes to the result table, keyed by (window_start,
+        window_end, keys).
+
+        NOTE: in these modes every session of a key is emitted in each batch
+        that touches the key, so the key's stored sessions before the batch are
+        exactly the rows last emitted for it (the versioned state is the record
+        of what was emitted, across restarts); sessions the watermark closed
+        left the state as final rows, and no row that is not late can touch
+        them. A session whose end moved, or that merged into another, is a
+        ``delete`` of its old row and an ``insert`` of the new one (the end is
+        part of the key).
+        """
+        if changed is None or before is None:
+            return empty_changes(self._finalize(self._empty()))
+        key = ["window_start", "window_end", *self.keys]
+        return diff_rows(
+            self._finalize(before), self._finalize(changed), keys=key, order_by=key
+        )
 
     def _empty(self) -> pl.DataFrame:
         return self.row_schema.to_frame()

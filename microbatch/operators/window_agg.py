@@ -10,7 +10,10 @@ Per batch, vectorized:
    merged pairwise, then upserted;
 5. emit by output mode: ``append`` pops the windows that the watermark
    closed (``window_end <= watermark``); ``update`` emits the rows merged in
-   this batch and evicts closed windows; ``complete`` emits the whole state.
+   this batch and evicts closed windows; ``changelog`` emits the same rows as
+   changes (``insert`` the first time, then ``update_preimage`` with the
+   values emitted before + ``update_postimage``); ``complete`` emits the
+   whole state.
 
 Allowed lateness ``L`` (``mb.window(..., allowed_lateness=L)``): a window's
 state is kept until ``window_end + L <= watermark``; only rows whose oldest
@@ -58,6 +61,7 @@ from microbatch.operators.base import (
     iso_ms,
     late_reason,
 )
+from microbatch.operators.changes import diff_rows, empty_changes
 from microbatch.operators.packed_group_by import group_by_window_and_key
 from microbatch.operators.registry import builds
 from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
@@ -109,6 +113,7 @@ class WindowAggregate(SingleStoreOperator):
         self.out_time_dtype: pl.DataType | None = None
         self.key_schema: dict[str, pl.DataType] | None = None
         self.row_schema = pl.Schema()
+        self._before: pl.DataFrame | None = None
 
     def signature(self) -> dict[str, Any]:
         return {
@@ -427,6 +432,11 @@ class WindowAggregate(SingleStoreOperator):
             ]
         elif self.ttl_ms is not None:
             exprs.append(pl.lit(now_ms + self.ttl_ms, pl.Int64).alias(EXPIRE))
+        if self.output_mode == "changelog":
+            # the rows emitted last for these keys: their stored partials
+            self._before = both.filter(hit).select(
+                *keys, *[pl.col(f"{n}__s").alias(n) for n in pcols]
+            )
         return both.select(*keys, *exprs)
 
     def _emit(self, store: StateStore, merged: pl.DataFrame | None, wm: int | None) -> pl.DataFrame:
@@ -436,6 +446,8 @@ class WindowAggregate(SingleStoreOperator):
         due = store.pop_expired(wm) if self.window is not None and wm is not None else empty
         if self.output_mode == "update":
             return self._finalize(merged if merged is not None else empty)
+        if self.output_mode == "changelog":
+            return self._changes(merged, empty)
         if self.window is None or wm is None:
             return self._finalize(empty)
         # append: windows closing now (first emission) and closed windows changed again
@@ -450,6 +462,25 @@ class WindowAggregate(SingleStoreOperator):
             if keep.height:
                 store.upsert(keep.with_columns(kept_until.alias(EXPIRE)))
         return self._finalize(pl.concat([closing, changed]))
+
+    def _changes(self, merged: pl.DataFrame | None, empty: pl.DataFrame) -> pl.DataFrame:
+        """``changelog`` mode: the batch's changes to the result table.
+
+        A (window, keys) seen for the first time is an ``insert``; one already
+        emitted (state holds exactly what was emitted last: every change is
+        emitted in the batch that makes it) whose aggregates changed is an
+        ``update_preimage`` with the old values followed by an
+        ``update_postimage``; an unchanged one (a ``max`` not exceeded) is
+        nothing. Windows the watermark evicts stay in the result: no change.
+        """
+        new = self._finalize(merged if merged is not None else empty)
+        if merged is None or self._before is None:
+            return empty_changes(new)
+        before = self._finalize(self._before)
+        self._before = None
+        key = [*(["window_start", "window_end"] if self.window else []), *self.keys]
+        order = [*(["window_start"] if self.window else []), *self._orderable_keys()]
+        return diff_rows(before, new, keys=key, order_by=order)
 
     def _finalize(self, rows: pl.DataFrame) -> pl.DataFrame:
         """State rows -> ``window_start, window_end, keys..., aggregates...``."""

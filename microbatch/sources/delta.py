@@ -28,6 +28,8 @@ What each kind of commit does to the stream:
   With ``ignore_changes=True`` such a version's added files are read
   instead, so every row of a rewritten file is emitted again (duplicates of
   the unchanged rows, as Spark's ``ignoreChanges``); removals are ignored.
+  To follow such versions as changes, read the table's Change Data Feed
+  (``read_delta(path, changes=True)``, :mod:`microbatch.sources.delta_changes`).
 
 Rows are read from the data files with Polars, partition columns restored
 from the ``add`` action's ``partitionValues`` with the table's types, and
@@ -48,7 +50,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
@@ -94,6 +96,15 @@ class DeltaCommit:
     """Removed files with ``dataChange=true`` (a delete, update, merge or overwrite)."""
     schema: pl.Schema | None
     """The table schema set by this commit's ``metaData`` action, if it has one."""
+    removed_files: tuple[DeltaFile, ...] = ()
+    """Removed files with ``dataChange=true``, in log order (their rows are a
+    change feed's deletes when the commit wrote no ``cdc`` files)."""
+    change_files: tuple[DeltaFile, ...] = ()
+    """The ``cdc`` actions' files (``_change_data/``), in log order: when present,
+    they are the version's change feed."""
+    change_data_feed: bool | None = None
+    """``delta.enableChangeDataFeed`` as set by this commit's ``metaData``
+    action (``None``: the commit has no ``metaData``)."""
 
     @property
     def rewrites(self) -> bool:
@@ -108,7 +119,9 @@ def parse_commit(version: int, raw: bytes, *, where: str) -> DeltaCommit:
     faithfully (deletion vectors, column mapping).
     """
     files: list[DeltaFile] = []
-    removed = 0
+    removed_files: list[DeltaFile] = []
+    change_files: list[DeltaFile] = []
+    change_data_feed: bool | None = None
     operation, timestamp, schema = "UNKNOWN", None, None
     for line in raw.splitlines():
         if not line.strip():
@@ -127,17 +140,12 @@ def parse_commit(version: int, raw: bytes, *, where: str) -> DeltaCommit:
                     "vector, which read_delta cannot apply; disable deletion vectors on the "
                     "table (delta.enableDeletionVectors=false) and purge them"
                 )
-            files.append(
-                DeltaFile(
-                    path=_decode_path(add["path"]),
-                    partition_values=tuple(sorted((add.get("partitionValues") or {}).items())),
-                    size=int(add.get("size") or 0),
-                    rows=_num_records(add.get("stats")),
-                )
-            )
+            files.append(_file_of(add))
         elif "remove" in action:
             if action["remove"].get("dataChange", True):
-                removed += 1
+                removed_files.append(_file_of(action["remove"]))
+        elif "cdc" in action:
+            change_files.append(_file_of(action["cdc"]))
         elif "commitInfo" in action:
             info = action["commitInfo"]
             operation = _describe_operation(info)
@@ -152,7 +160,23 @@ def parse_commit(version: int, raw: bytes, *, where: str) -> DeltaCommit:
                     "not support it"
                 )
             schema = _schema_from_json(meta["schemaString"], where)
-    return DeltaCommit(version, operation, timestamp, tuple(files), removed, schema)
+            flag = (meta.get("configuration") or {}).get("delta.enableChangeDataFeed", "false")
+            change_data_feed = str(flag).lower() == "true"
+    return DeltaCommit(
+        version, operation, timestamp, tuple(files), len(removed_files), schema,
+        removed_files=tuple(removed_files), change_files=tuple(change_files),
+        change_data_feed=change_data_feed,
+    )
+
+
+def _file_of(action: dict[str, Any]) -> DeltaFile:
+    """The data file named by an ``add``, ``remove`` or ``cdc`` action."""
+    return DeltaFile(
+        path=_decode_path(action["path"]),
+        partition_values=tuple(sorted((action.get("partitionValues") or {}).items())),
+        size=int(action.get("size") or 0),
+        rows=_num_records(action.get("stats")),
+    )
 
 
 def _decode_path(path: str) -> str:
@@ -563,8 +587,7 @@ class DeltaSource(Source):
             return None
         commit = parse_commit(version, raw, where=self.log.log_path(version))
         if commit.timestamp_ms is None:
-            commit = DeltaCommit(version, commit.operation, self.log.mtime_ms(version),
-                                 commit.files, commit.removed, commit.schema)
+            commit = replace(commit, timestamp_ms=self.log.mtime_ms(version))
         self._commits[version] = commit
         return commit
 
@@ -714,7 +737,9 @@ class DeltaSource(Source):
             "on, restart with ignore_changes=True passed to read_delta "
             "(the rows of rewritten files are emitted "
             "again, so unchanged rows appear twice downstream), or start a new checkpoint "
-            f"with starting_version={commit.version + 1}."
+            f"with starting_version={commit.version + 1}. To follow deletes and updates, "
+            "read the table's change feed instead: read_delta(path, changes=True) (the "
+            "table needs delta.enableChangeDataFeed=true)."
         )
 
 

@@ -231,7 +231,7 @@ def test_missing_committed_data_file_is_an_error(tmp_path):
 @pytest.mark.parametrize("mode", ["update", "complete"])
 def test_update_and_complete_modes_are_refused(tmp_path, mode: OutputMode):
     sink = ParquetSink(tmp_path / "out")
-    assert sink.supported_modes == ("append",)
+    assert sink.supported_modes == ("append", "changelog")
     refused = rf"does not support output_mode='{mode}'; it supports append"
     with pytest.raises(SinkConfigError, match=refused) as info:
         sink.open(SinkContext(query_id="q1", output_mode=mode))
