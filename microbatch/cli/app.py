@@ -44,11 +44,14 @@ for command in (queries.run, inspect.status, inspect.report, queries.demo, queri
 def main() -> None:
     """Entry point of the ``microbatch`` console script.
 
-    Inside the ``try``, SIGINT says so in one line and raises
-    ``KeyboardInterrupt`` (Typer turns it into exit code 130; ``status --watch``
-    ends on it), so a Ctrl-C at any moment before a command installs its own
-    handler is never a traceback; before the ``try``,
-    :mod:`microbatch._interrupt` exits 130 at once.
+    Until a command installs its own SIGINT handler (a query's graceful stop,
+    ``status --watch``'s end), SIGINT writes one line and exits 130 at once
+    (:func:`_interrupted`). It does not raise ``KeyboardInterrupt`` into
+    whatever is running: CPython 3.11 marks a ``KeyboardInterrupt`` that leaves
+    a string ``exec``/``eval`` (dataclasses and typing run them while Typer
+    imports pydantic) as unhandled and kills the process with SIGINT at exit,
+    even after the CLI caught it and chose exit code 130. A command that hands
+    SIGINT back to Python still ends with 130 through the ``except``.
     """
     try:
         signal.signal(signal.SIGINT, _interrupted)
@@ -59,7 +62,7 @@ def main() -> None:
 
 def _interrupted(signum: int, frame: FrameType | None) -> None:
     os.write(2, b"\ninterrupted (SIGINT)\n")
-    raise KeyboardInterrupt
+    os._exit(EXIT_INTERRUPTED)  # nothing to finish: no command has started work yet
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -74,6 +75,8 @@ def status(
         show(document())
         return
     shown = 0
+    # Ctrl-C is how a watch ends: let it raise KeyboardInterrupt here (exit 0)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if out.is_terminal and not as_json:
             with Live(render_status(document()), console=out, auto_refresh=False,
