@@ -364,3 +364,88 @@ def test_options_are_checked_with_the_fix_in_the_message(
     finally:
         bad.close()
     assert consume_all(bootstrap, topic) == []
+
+
+# ---------------------------------------------------------------- Kafka's own Java client
+
+JVM_DUMP = Path(__file__).parent / "jvm" / "DumpTopic.java"
+
+
+@pytest.fixture(scope="module")
+def jvm_dump(kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory
+             ) -> Callable[[str, str], list[tuple[int, int, bytes | None, bytes | None]]]:
+    """Reads a topic with Kafka's Java consumer (the jars the broker runs on):
+    ``(partition, offset, key, value)`` per record, ``None`` for a null."""
+    import base64
+    import shutil
+    import subprocess
+
+    from scripts.kafka_broker import fetched_version, lib_dir
+
+    version = fetched_version()
+    javac = shutil.which("javac")
+    if version is None or javac is None:
+        pytest.fail("the JVM read-back needs the broker's cached jars and javac (JDK 17)",
+                    pytrace=False)
+    classpath = f"{lib_dir(version)}/*"
+    classes = tmp_path_factory.mktemp("jvm")
+    subprocess.run([javac, "-cp", classpath, "-d", str(classes), str(JVM_DUMP)],
+                   check=True, capture_output=True, timeout=120)
+
+    def nullable(field: str) -> bytes | None:
+        return None if field == "-" else base64.b64decode(field)
+
+    def dump(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | None, bytes | None]]:
+        done = subprocess.run(
+            ["java", "-cp", f"{classes}:{classpath}", "DumpTopic", bootstrap, topic],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        records = []
+        for line in done.stdout.splitlines():
+            partition, offset, key, value = line.split("\t")
+            records.append((int(partition), int(offset), nullable(key), nullable(value)))
+        return sorted(records)
+
+    return dump
+
+
+def table_from_records(records: list[tuple[int, int, bytes | None, bytes | None]],
+                       fmt: str) -> dict[int, dict[str, Any]]:
+    """The table a consumer builds from the records, decoded here with ``json`` only:
+    Debezium ``c``/``u`` set ``after``, ``d`` removes ``before``'s key and a tombstone
+    is nothing; upsert sets the value, a tombstone removes the record key."""
+    table: dict[int, dict[str, Any]] = {}
+    for _, _, key, value in records:
+        if fmt == "upsert":
+            assert key is not None
+            ident = json.loads(key)["id"]
+            if value is None:
+                table.pop(ident, None)
+            else:
+                table[ident] = json.loads(value)
+        elif value is not None:
+            env = json.loads(value)
+            if env["op"] == "d":
+                table.pop(env["before"]["id"])
+            else:
+                table[env["after"]["id"]] = env["after"]
+    return table
+
+
+@pytest.mark.parametrize("fmt", ["debezium-json", "upsert"])
+def test_kafkas_java_client_reads_back_the_same_records_and_table(
+    bootstrap: str, new_topic: Callable[..., str], jvm_dump: Any, fmt: str
+) -> None:
+    topic = new_topic(3)
+    write_direct(bootstrap, topic, fmt, f"q-jvm-{fmt}")
+    jvm = jvm_dump(bootstrap, topic)
+    ours = sorted((m.partition(), m.offset(), m.key(), m.value())
+                  for m in consume_all(bootstrap, topic))
+    assert jvm == ours  # the same committed records, tombstones (null values) included
+    assert any(value is None for *_, value in jvm)  # deletes reached the topic as tombstones
+    want = applied(pl.concat(BATCHES))
+    got = table_from_records(jvm, fmt)
+    assert sorted(got) == want["id"].to_list()
+    assert [got[i]["name"] for i in sorted(got)] == want["name"].to_list()
+    assert [got[i]["amount"] for i in sorted(got)] == want["amount"].to_list()
