@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -38,10 +39,19 @@ def is_cli_process() -> bool:
     return any(a == "-m" and b == "microbatch.cli" for a, b in itertools.pairwise(argv))
 
 
-def exit_at_once(signum: int = signal.SIGINT, frame: FrameType | None = None) -> None:
-    """The start-up SIGINT handler: one line on stderr, exit 130, no unwinding."""
-    os.write(2, MESSAGE)
-    os._exit(EXIT_INTERRUPTED)
+def exit_handler(message: bytes) -> Callable[[int, FrameType | None], None]:
+    """A SIGINT handler that writes ``message`` on stderr and exits 130 at once,
+    without unwinding (nothing runs after it: no ``finally``, no atexit)."""
+
+    def handler(signum: int = signal.SIGINT, frame: FrameType | None = None) -> None:
+        os.write(2, message)
+        os._exit(EXIT_INTERRUPTED)
+
+    return handler
+
+
+exit_at_once = exit_handler(MESSAGE)
+"""The start-up SIGINT handler: one line on stderr, exit 130, no unwinding."""
 
 
 def install_if_cli() -> None:
@@ -54,4 +64,11 @@ def install_if_cli() -> None:
 
 install_if_cli()  # on import: `microbatch/__init__.py` imports this module first
 
-__all__ = ["EXIT_INTERRUPTED", "MESSAGE", "exit_at_once", "install_if_cli", "is_cli_process"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "MESSAGE",
+    "exit_at_once",
+    "exit_handler",
+    "install_if_cli",
+    "is_cli_process",
+]

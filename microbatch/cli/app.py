@@ -23,12 +23,10 @@ traceback (``--verbose`` adds the traceback of a failed query).
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
-from types import FrameType
 
-from microbatch._interrupt import EXIT_INTERRUPTED
+from microbatch._interrupt import EXIT_INTERRUPTED, exit_handler
 from microbatch.cli import inspect, queries, tables
 from microbatch.cli.common import JobCommand, app
 
@@ -60,9 +58,8 @@ def main() -> None:
         sys.exit(EXIT_INTERRUPTED)
 
 
-def _interrupted(signum: int, frame: FrameType | None) -> None:
-    os.write(2, b"\ninterrupted (SIGINT)\n")
-    os._exit(EXIT_INTERRUPTED)  # nothing to finish: no command has started work yet
+_interrupted = exit_handler(b"\ninterrupted (SIGINT)\n")
+"""Nothing to finish: no command has started work yet."""
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ interpreter has set up its handlers, the process dies of SIGINT without output).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -29,8 +30,11 @@ MOMENTS = [round(0.15 * i, 2) for i in range(20)]
 pytestmark = pytest.mark.slow
 
 
-def interrupted_run(tmp_path: Path, after: float) -> subprocess.CompletedProcess[str]:
-    """Start a live ``run`` of the generator job, SIGINT it ``after`` seconds later."""
+def interrupted_run(
+    tmp_path: Path, after: float, *, after_commit: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Start a live ``run`` of the generator job, SIGINT it ``after`` seconds later
+    (``after_commit``: once its first batch is committed, whatever the machine's speed)."""
     proc = subprocess.Popen(
         [*CLI, "run", GENERATED_JOB, "--checkpoint", "chk", "--trigger", "0.2s",
          "--param", "output=out", "--param", "rows_per_second=2000",
@@ -38,6 +42,12 @@ def interrupted_run(tmp_path: Path, after: float) -> subprocess.CompletedProcess
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
+        if after_commit:
+            commits, deadline = tmp_path / "chk" / "commits", time.monotonic() + 120
+            while not (commits.is_dir() and any(n.isdigit() for n in os.listdir(commits))):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "no batch committed in 120 s"
+                time.sleep(0.01)
         time.sleep(after)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
@@ -68,7 +78,7 @@ def test_sigint_at_any_moment_of_the_start_exits_130_without_a_traceback(
 def test_a_sigint_that_stops_a_running_query_commits_the_batch_in_flight(
     tmp_path: Path,
 ) -> None:
-    result = interrupted_run(tmp_path, 4.0)
+    result = interrupted_run(tmp_path, 0.1, after_commit=True)
 
     assert result.returncode == 130, (result.stdout, result.stderr)
     assert "stopped (SIGINT)" in result.stderr
