@@ -45,8 +45,10 @@ from sinks.base import BatchContext, Sink
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-class _CollectSink(Sink):
-    """Keeps each batch's rows; idempotent per batch id like every sink."""
+class CollectSink(Sink):
+    """An in-process sink for tests: keeps each batch's frame exactly as it came
+    (``batches``: batch id -> frame, changelog rows included); a re-written
+    batch id replaces its frame, so it is idempotent per batch id like every sink."""
 
     supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete", "changelog")
 
@@ -60,6 +62,7 @@ class _CollectSink(Sink):
         self.batches[batch.batch_id] = df
 
     def rows(self, since: int = 0) -> pl.DataFrame:
+        """The rows of batches ``since`` and later, in batch order."""
         frames = [df for bid, df in sorted(self.batches.items()) if bid >= since and df.width]
         return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
@@ -80,8 +83,8 @@ class _Harness:
         validate_joins(self.stream.plan, output_mode)
         self.output_mode = output_mode
         self.checkpoint = Path(checkpoint or tempfile.mkdtemp(prefix="microbatch-test-"))
-        self.sink = _CollectSink()
-        self.late = _CollectSink()
+        self.sink = CollectSink()
+        self.late = CollectSink()
         self.start_time = start
         self.now = start.timestamp()
         self._exec: MicroBatchExecution | None = None

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from oracles import sessions, tumbling_or_hopping
 
 import microbatch as mb
-from microbatch.testing import StreamTest
-from sinks.base import BatchContext, OutputMode, Sink
+from microbatch.testing import CollectSink, StreamTest
+from sinks.base import OutputMode
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SCHEMA = {"id": pl.Int64, "ts": pl.Datetime("ms", "UTC"), "k": pl.Int64, "v": pl.Int64}
@@ -304,25 +304,10 @@ def test_fire_once_corrections_in_changelog_mode(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ writers
 
 
-class ChangelogCollector(Sink):
-    """An in-process sink that keeps each batch's frame as it came."""
-
-    supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete", "changelog")
-
-    def __init__(self) -> None:
-        self.batches: dict[int, pl.DataFrame] = {}
-
-    def is_written(self, batch: BatchContext) -> bool:
-        return batch.batch_id in self.batches
-
-    def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
-        self.batches[batch.batch_id] = df
-
-
 def test_writer_runs_a_changelog_query_end_to_end(tmp_path: Path) -> None:
     src = mb.read_memory(schema=SCHEMA)
     src.add(frame([(1, 0, 1), (1, 60_000, 1)]))
-    sink = ChangelogCollector()
+    sink = CollectSink()
     query = (
         src.group_by(mb.session_window("ts", "40s"), "k").agg(pl.len().alias("n"))
         .write_to(sink, output_mode="changelog")
@@ -343,4 +328,4 @@ def test_writer_runs_a_changelog_query_end_to_end(tmp_path: Path) -> None:
 def test_unknown_output_mode_names_changelog() -> None:
     src = mb.read_memory(schema=SCHEMA)
     with pytest.raises(mb.PlanError, match="'changelog'"):
-        src.write_to(ChangelogCollector(), output_mode="upsert")  # type: ignore[arg-type]
+        src.write_to(CollectSink(), output_mode="upsert")  # type: ignore[arg-type]
