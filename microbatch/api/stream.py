@@ -1379,15 +1379,16 @@ class Stream:
         For notebooks and tests: every batch is kept in memory, in a table per
         process, and a replayed batch id is a no-op. ``mb.table(name)`` returns
         what ``output_mode`` defines: in ``append`` every batch's rows, in
-        ``update`` one row per key (the newest), in ``complete`` the latest
-        batch. Give each query its own name.
+        ``update`` one row per key (the newest; a ``delete`` change removes
+        it), in ``complete`` the latest batch, in ``changelog`` every change
+        row in order. Give each query its own name.
 
         Parameters
         ----------
         name
             The table's name.
         output_mode
-            ``"append"``, ``"update"`` or ``"complete"``.
+            ``"append"``, ``"update"``, ``"complete"`` or ``"changelog"``.
 
         Returns
         -------
@@ -1420,7 +1421,7 @@ class Stream:
         num_rows
             At most this many rows are printed per batch (the head and tail).
         output_mode
-            ``"append"``, ``"update"`` or ``"complete"``.
+            ``"append"``, ``"update"``, ``"complete"`` or ``"changelog"``.
 
         Returns
         -------
@@ -1700,9 +1701,11 @@ class Stream:
         """Write to a Delta table, one commit per batch, exactly once.
 
         Every commit carries the app transaction ``(query id, batch id)``, so
-        a replayed batch is a no-op. ``append`` appends, ``update`` MERGEs
-        (upserts) by ``merge_keys`` (default: the window and group keys),
-        ``complete`` overwrites. The table is created on the first batch; a
+        a replayed batch is a no-op. ``append`` appends, ``update`` MERGEs by
+        ``merge_keys`` (default: the window and group keys) -- upserts, and
+        the deletes of a changelog (a session merged away, a group that
+        became empty) in the same commit -- ``complete`` overwrites and
+        ``changelog`` appends the change rows with ``_change_type``. The table is created on the first batch; a
         batch whose schema differs is refused before anything is written
         unless ``schema_mode="merge"`` (additive evolution).
         ``optimize_every=N`` compacts small files every N batches. See
@@ -1713,7 +1716,7 @@ class Stream:
         path
             The table: a local directory or a URI (``s3://bucket/table``, ...).
         output_mode
-            ``"append"``, ``"update"`` or ``"complete"``.
+            ``"append"``, ``"update"``, ``"complete"`` or ``"changelog"``.
         partition_by
             Partition columns of a table the sink creates (for an existing table:
             its own, or ``None``).
@@ -1799,7 +1802,7 @@ class Stream:
         fn
             A function ``(DataFrame, batch_id) -> None``.
         output_mode
-            ``"append"``, ``"update"`` or ``"complete"``.
+            ``"append"``, ``"update"``, ``"complete"`` or ``"changelog"``.
 
         Returns
         -------
