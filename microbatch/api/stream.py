@@ -14,6 +14,11 @@ from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.aggregates import parse_aggregations
+from microbatch.plan.changelog_inputs import (
+    changelog_filter,
+    is_changelog_schema,
+    relabel_filtered,
+)
 from microbatch.plan.event_time import WatermarkSpec
 from microbatch.plan.joins import (
     AsOfJoinSpec,
@@ -1253,6 +1258,12 @@ class Stream:
         >>> mb.table("doc_filter").rows()
         [('pay', 120)]
         """
+        if is_changelog_schema(self._known_schema()):
+            keep = changelog_filter(predicates, constraints)
+            shown = tuple(predicates) + tuple(f"{k}={v}" for k, v in constraints.items())
+            return self._then(
+                Step("filter", shown, lambda lf: relabel_filtered(lf, keep))
+            )
         return self._then(expr_step("filter", "filter", predicates, constraints))
 
     def drop(self, *columns: str, strict: bool = True) -> Stream:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import polars as pl
 
 from microbatch.durations import format_duration_ms
-from microbatch.exceptions import PlanError
+from microbatch.exceptions import ChangelogInputError, PlanError
 from microbatch.frames import collect
 from microbatch.operators.base import (
     LATE_REASON,
@@ -61,7 +61,7 @@ from microbatch.operators.base import (
     iso_ms,
     late_reason,
 )
-from microbatch.operators.changes import diff_rows, empty_changes
+from microbatch.operators.changes import CHANGE_TYPE, diff_rows, empty_changes
 from microbatch.operators.packed_group_by import group_by_window_and_key
 from microbatch.operators.registry import builds
 from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
@@ -145,6 +145,13 @@ class WindowAggregate(SingleStoreOperator):
         if missing:
             raise PlanError(
                 f"group_by key(s) {missing} are not columns of the stream; it has {df.columns}"
+            )
+        if CHANGE_TYPE in df.columns and type(self) is WindowAggregate:
+            raise ChangelogInputError(
+                f"group_by over rows carrying {CHANGE_TYPE!r} (a changelog) whose schema was "
+                "unknown when the query was built, so the aggregation would count deletes "
+                "as rows: declare the source's schema (schema=..., or map_batches(..., "
+                "schema=...)) so that the group_by retracts"
             )
         keys: dict[str, pl.DataType] = {}
         if self.window is not None:
@@ -516,6 +523,12 @@ def build_aggregate(node: AggregateNode, operator_id: str, mode: OutputMode) -> 
             keys=list(node.keys),
             aggs=list(node.aggs),
             output_mode=mode,
+        )
+    if node.retracts:
+        from microbatch.operators.retract_agg import RetractingAggregate
+
+        return RetractingAggregate(
+            operator_id=operator_id, keys=list(node.keys), aggs=list(node.aggs), output_mode=mode
         )
     return WindowAggregate(
         operator_id=operator_id,
