@@ -31,7 +31,9 @@ __all__ = [
     "check_retractable",
     "is_changelog_schema",
     "refuse_event_time_operator",
+    "refuse_upsert_topics",
     "relabel_filtered",
+    "selects_change_types",
     "sign_expr",
     "signed_partials",
 ]
@@ -99,6 +101,21 @@ def check_retractable(aggs: Sequence[AggSpec], schema: pl.Schema, *, ttl: bool) 
             )
 
 
+def refuse_upsert_topics(formats: Sequence[str]) -> None:
+    """Refuse a retracting ``group_by`` over an ``upsert`` Kafka topic (``formats``:
+    the formats of the sources below it): its updates carry no preimage, so the
+    old row of a changed key would never be taken back."""
+    if "upsert" in formats:
+        raise ChangelogInputError(
+            'group_by over read_kafka(..., format="upsert"): an upsert record carries '
+            "the new row without the old one (no update_preimage) and a tombstone only "
+            "the key, so the aggregate cannot take back what a changed or deleted key "
+            'counted before. Read a complete changelog (format="debezium-json" with '
+            "before images, or read_delta(changes=True)), or keep the latest row per key "
+            "yourself with group_by(key).transform_with_state(...) and aggregate its output"
+        )
+
+
 def sign_expr() -> pl.Expr:
     """+1 for ``insert``/``update_postimage``, -1 for ``delete``/``update_preimage``,
     null for anything else (refused by the operator before it aggregates)."""
@@ -138,6 +155,20 @@ def signed_partials(agg: AggSpec, schema: pl.Schema) -> list[pl.Expr]:
             value = col if exact else col.cast(pl.Float64)
             return [signed_sum(value, names[0]), counted.cast(dtypes[names[1]]).alias(names[1])]
     raise AssertionError(agg.kind)  # refused by check_retractable
+
+
+def selects_change_types(predicates: Sequence[Any], constraints: dict[str, Any]) -> bool:
+    """Whether a filter reads ``_change_type`` itself: it then selects kinds of
+    change (drop the preimages, keep the inserts), deliberately, and is not
+    relabelled."""
+    if CHANGE_TYPE in constraints:
+        return True
+    exprs = [one for p in predicates for one in (p if isinstance(p, list | tuple) else [p])]
+    return any(
+        (e == CHANGE_TYPE) if isinstance(e, str) else
+        isinstance(e, pl.Expr) and CHANGE_TYPE in e.meta.root_names()
+        for e in exprs
+    )
 
 
 def changelog_filter(predicates: Sequence[Any], constraints: dict[str, Any]) -> pl.Expr:

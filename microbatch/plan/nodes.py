@@ -269,6 +269,7 @@ class AggregateNode(StatefulNode):
             check_retractable,
             is_changelog_schema,
             refuse_event_time_operator,
+            refuse_upsert_topics,
         )
         from microbatch.plan.schemas import check_columns, check_event_time_column
 
@@ -282,6 +283,7 @@ class AggregateNode(StatefulNode):
                 refuse_event_time_operator(schema, f"group_by({what}, ...)")
             check_columns(schema, [a.column for a in self.aggs if a.column], "agg")
             check_retractable(self.aggs, schema, ttl=self.ttl_ms is not None)
+            refuse_upsert_topics([str(s.describe().get("format")) for s in self.child.sources()])
         if self.window is not None:
             check_event_time_column(schema, self.window.column, "group_by window")
             out["window_start"] = out["window_end"] = schema[self.window.column]

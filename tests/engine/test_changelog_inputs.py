@@ -197,6 +197,18 @@ def test_a_filter_relabels_updates_that_cross_it(tmp_path: Path) -> None:
     test.close()
 
 
+def test_a_filter_on_the_change_type_selects_changes_without_relabelling(
+    tmp_path: Path,
+) -> None:
+    test = StreamTest(lambda s: s.filter(pl.col("_change_type") != "update_preimage"),
+                      schema=SCHEMA, output_mode="changelog", checkpoint=tmp_path)
+    row = {"g": "a", "k": 1, "v": 1, "note": ""}
+    out = test.add([{**row, "_change_type": "update_preimage"},
+                    {**row, "v": 2, "_change_type": "update_postimage"}]).process()
+    assert out.select("v", "_change_type").rows() == [(2, "update_postimage")]
+    test.close()
+
+
 @settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations, cut_at=cuts, bound=st.integers(-5, 5))
@@ -292,3 +304,12 @@ def test_steps_pass_changes_through() -> None:
     stream = changes().with_columns(v2=pl.col("v") * 2).select("g", "v2", "_change_type")
     assert stream.schema["_change_type"] == pl.String
     assert list(itertools.islice(stream.schema, 2)) == ["g", "v2"]
+
+
+def test_an_upsert_topic_is_refused_under_a_group_by() -> None:
+    """No preimages: the old row of a changed key could not be taken back."""
+    topic = mb.read_kafka("t", bootstrap="127.0.0.1:1", format="upsert",
+                          schema={"g": pl.String, "v": pl.Int64}, key_columns=["g"])
+    with pytest.raises(mb.ChangelogInputError, match=r"no update_preimage.*debezium-json"):
+        topic.group_by("g").agg(pl.len())
+    topic.filter(pl.col("v") > 0)  # stateless steps are fine
