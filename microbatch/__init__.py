@@ -38,6 +38,7 @@ from microbatch.distributed import RayExecutor
 from microbatch.engine.executors import LocalExecutor
 from microbatch.exceptions import (
     ChangeDataFeedError,
+    ChangelogInputError,
     CheckpointCorruptError,
     CheckpointError,
     CheckpointFormatError,
@@ -65,6 +66,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AvailableNow",
     "ChangeDataFeedError",
+    "ChangelogInputError",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointFormatError",

@@ -19,6 +19,7 @@ from statestore.exceptions import MicrobatchError
 __all__ = [
     "USER_ERRORS",
     "ChangeDataFeedError",
+    "ChangelogInputError",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointFormatError",
@@ -48,6 +49,13 @@ raises on purpose (engine, state store, sinks, CLI) derives from
 
 class PlanError(MicrobatchError):
     """The query cannot be built as written (wrong option, unsupported step)."""
+
+
+class ChangelogInputError(PlanError):
+    """An operator cannot take a changelog input (rows carrying ``_change_type``)
+    as written: a window, session, dedupe or interval join over change rows, or
+    an aggregate that cannot be retracted in constant state. The message names
+    the alternative."""
 
 
 class UnknownColumnError(PlanError):

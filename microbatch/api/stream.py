@@ -14,6 +14,12 @@ from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.aggregates import parse_aggregations
+from microbatch.plan.changelog_inputs import (
+    changelog_filter,
+    is_changelog_schema,
+    relabel_filtered,
+    selects_change_types,
+)
 from microbatch.plan.event_time import WatermarkSpec
 from microbatch.plan.joins import (
     AsOfJoinSpec,
@@ -225,10 +231,12 @@ class Stream:
             the batches' recorded timestamps) after its last update, so a key space
             that grows forever keeps bounded state (``"1d"``). A later row of the key
             starts afresh. Windowed state is bounded by the watermark instead.
+            Refused over a changelog input (its partials must stay to be retracted).
 
         Returns
         -------
         GroupedStream
+
 
         Raises
         ------
@@ -236,6 +244,14 @@ class Stream:
             For a key that is neither a column name nor a window, or more than
             one window; :class:`~microbatch.UnknownColumnError` for a key the
             stream does not have (when its schema is known).
+
+        Notes
+        -----
+        Over a changelog input (the schema holds ``_change_type``, e.g.
+        ``mb.read_delta(path, changes=True)``) a windowless ``group_by`` retracts
+        (see :meth:`GroupedStream.agg`); windows and sessions are refused with
+        :class:`~microbatch.ChangelogInputError`, since they treat each row as an
+        event.
 
         Examples
         --------
@@ -1227,6 +1243,14 @@ class Stream:
     def filter(self, *predicates: IntoExpr, **constraints: Any) -> Stream:
         """Keep rows matching all predicates, as ``pl.LazyFrame.filter``.
 
+        Over a changelog input (rows carrying ``_change_type``) an update that
+        crosses the predicate is relabelled: a kept ``update_preimage`` whose
+        ``update_postimage`` is dropped becomes a ``delete``, a kept postimage
+        whose preimage is dropped an ``insert`` (the k-th preimage of a batch
+        pairs with its k-th postimage), so the filtered changes still apply to
+        the filtered table. A predicate that reads ``_change_type`` selects
+        kinds of change and relabels nothing.
+
         Parameters
         ----------
         *predicates
@@ -1253,6 +1277,14 @@ class Stream:
         >>> mb.table("doc_filter").rows()
         [('pay', 120)]
         """
+        if is_changelog_schema(self._known_schema()) and not selects_change_types(
+            predicates, constraints
+        ):
+            keep = changelog_filter(predicates, constraints)
+            shown = tuple(predicates) + tuple(f"{k}={v}" for k, v in constraints.items())
+            return self._then(
+                Step("filter", shown, lambda lf: relabel_filtered(lf, keep))
+            )
         return self._then(expr_step("filter", "filter", predicates, constraints))
 
     def drop(self, *columns: str, strict: bool = True) -> Stream:
@@ -1895,6 +1927,17 @@ class GroupedStream:
         ``col.last()`` (by event time), each optionally ``.alias``-ed. Compute
         other values from these in a later :meth:`Stream.with_columns`.
 
+        Over a changelog input (rows carrying ``_change_type``, without a
+        window) the aggregation retracts: ``insert``/``update_postimage`` rows
+        count +1, ``delete``/``update_preimage`` rows -1, for ``pl.len()``,
+        ``count``, ``sum`` and ``mean`` in constant state per key; a group whose
+        rows are all deleted leaves the result with a ``delete`` change (applied
+        by the sinks in ``"update"`` mode), so the result equals a one-shot
+        ``group_by`` over the source table's current state. ``min``, ``max``,
+        ``first`` and ``last`` are refused there (retracting them needs every
+        value of the key); float sums can drift by rounding under retraction,
+        integer and Decimal sums are exact.
+
         Parameters
         ----------
         *aggs
@@ -1911,7 +1954,8 @@ class GroupedStream:
         ------
         PlanError
             For an aggregation that cannot be computed incrementally, or a
-            duplicate output name.
+            duplicate output name; :class:`~microbatch.ChangelogInputError`
+            (a ``PlanError``) for one that cannot be retracted over a changelog.
 
         Examples
         --------
@@ -1933,6 +1977,27 @@ class GroupedStream:
         True
         >>> mb.table("doc_agg").sort("shop").rows()
         [('a', 2, 30.0, 15.0, 0.8823529411764706), ('b', 1, 4.0, 4.0, 0.11764705882352941)]
+
+        Over a changelog (here the edits of a table of shops' sales), deletes
+        and preimages retract; shop ``b`` lost its only sale and is deleted:
+
+        >>> edits = pl.DataFrame({
+        ...     "shop": ["a", "b", "a", "a", "b"],
+        ...     "amount": [10, 4, 10, 12, 4],
+        ...     "_change_type": ["insert", "insert", "update_preimage",
+        ...                      "update_postimage", "delete"],
+        ... })
+        >>> query = (
+        ...     mb.read_memory(edits, max_records_per_batch=2)
+        ...     .group_by("shop")
+        ...     .agg(pl.len().alias("sales"), pl.col("amount").sum().alias("total"))
+        ...     .write_memory("doc_agg_changes", output_mode="update")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> mb.table("doc_agg_changes").rows()
+        [('a', 1, 12)]
 
         Aggregations that cannot merge across batches are refused when the plan is
         built:

@@ -49,26 +49,23 @@ from typing import TYPE_CHECKING, Any, Literal
 import polars as pl
 
 from microbatch.durations import format_duration_ms
-from microbatch.exceptions import PlanError
+from microbatch.exceptions import ChangelogInputError, PlanError
 from microbatch.frames import collect
 from microbatch.operators.base import (
     LATE_REASON,
     OperatorContext,
     SingleStoreOperator,
-    StatefulOperator,
     check_input_types,
     check_signature,
     iso_ms,
     late_reason,
 )
-from microbatch.operators.changes import diff_rows, empty_changes
+from microbatch.operators.changes import CHANGE_TYPE, diff_rows, empty_changes
 from microbatch.operators.packed_group_by import group_by_window_and_key
-from microbatch.operators.registry import builds
 from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.aggregates import TIME, AggSpec
 from microbatch.plan.event_time import event_time_ms, ms_to_time
-from microbatch.plan.nodes import AggregateNode
-from microbatch.plan.windows import SessionWindowSpec, WindowSpec, assign_windows
+from microbatch.plan.windows import WindowSpec, assign_windows
 from microbatch.types import OutputMode
 
 if TYPE_CHECKING:
@@ -145,6 +142,13 @@ class WindowAggregate(SingleStoreOperator):
         if missing:
             raise PlanError(
                 f"group_by key(s) {missing} are not columns of the stream; it has {df.columns}"
+            )
+        if CHANGE_TYPE in df.columns and type(self) is WindowAggregate:
+            raise ChangelogInputError(
+                f"group_by over rows carrying {CHANGE_TYPE!r} (a changelog) whose schema was "
+                "unknown when the query was built, so the aggregation would count deletes "
+                "as rows: declare the source's schema (schema=..., or map_batches(..., "
+                "schema=...)) so that the group_by retracts"
             )
         keys: dict[str, pl.DataType] = {}
         if self.window is not None:
@@ -502,26 +506,3 @@ class WindowAggregate(SingleStoreOperator):
         # NOTE: no sort here: popped windows already come ordered by (end, keys) from the
         # store, merged rows in the batch's deterministic group_by order.
         return rows.select(out)
-
-
-@builds(AggregateNode)
-def build_aggregate(node: AggregateNode, operator_id: str, mode: OutputMode) -> StatefulOperator:
-    """A window (or keyed, without a window) aggregation; sessions have their own."""
-    if isinstance(node.window, SessionWindowSpec):
-        from microbatch.operators.session import SessionAggregate
-
-        return SessionAggregate(
-            operator_id=operator_id,
-            window=node.window,
-            keys=list(node.keys),
-            aggs=list(node.aggs),
-            output_mode=mode,
-        )
-    return WindowAggregate(
-        operator_id=operator_id,
-        window=node.window,
-        keys=list(node.keys),
-        aggs=list(node.aggs),
-        output_mode=mode,
-        ttl_ms=node.ttl_ms,
-    )

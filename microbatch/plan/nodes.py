@@ -265,10 +265,25 @@ class AggregateNode(StatefulNode):
         the aggregates; ``revision`` last when the window has an allowed lateness
         (present in append mode, the default)."""
         from microbatch.plan.aggregates import TIME
+        from microbatch.plan.changelog_inputs import (
+            check_retractable,
+            is_changelog_schema,
+            refuse_event_time_operator,
+            refuse_upsert_topics,
+        )
         from microbatch.plan.schemas import check_columns, check_event_time_column
 
         schema = inputs[0]
         out: dict[str, pl.DataType] = {}
+        if is_changelog_schema(schema):
+            # a windowless group_by retracts; the rest is refused (plan/changelog_inputs.py)
+            if self.window is not None:
+                what = "a session window" if isinstance(self.window, SessionWindowSpec) else (
+                    "a window")
+                refuse_event_time_operator(schema, f"group_by({what}, ...)")
+            check_columns(schema, [a.column for a in self.aggs if a.column], "agg")
+            check_retractable(self.aggs, schema, ttl=self.ttl_ms is not None)
+            refuse_upsert_topics([str(s.describe().get("format")) for s in self.child.sources()])
         if self.window is not None:
             check_event_time_column(schema, self.window.column, "group_by window")
             out["window_start"] = out["window_end"] = schema[self.window.column]
@@ -286,6 +301,15 @@ class AggregateNode(StatefulNode):
         """Columns that identify an output row (for update-mode sinks)."""
         win = ["window_start", "window_end"] if self.window is not None else []
         return win + list(self.keys)
+
+    @property
+    def retracts(self) -> bool:
+        """Its input is a changelog (known at build time): each change row counts
+        with its sign, and a key whose rows are all deleted leaves the result."""
+        from microbatch.plan.changelog_inputs import is_changelog_schema
+        from microbatch.plan.schemas import output_schema
+
+        return is_changelog_schema(output_schema(self.child))
 
 
 @dataclass(frozen=True, eq=False)
@@ -377,8 +401,10 @@ class DedupeNode(StatefulNode):
         return self.subset
 
     def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.changelog_inputs import refuse_event_time_operator
         from microbatch.plan.schemas import check_columns
 
+        refuse_event_time_operator(inputs[0], "drop_duplicates")
         check_columns(inputs[0], self.subset, "drop_duplicates subset")
         return inputs[0]
 
@@ -411,10 +437,13 @@ class IntervalJoinNode(StatefulNode):
         return self.spec.on
 
     def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.plan.changelog_inputs import refuse_event_time_operator
         from microbatch.plan.schemas import check_columns, check_event_time_column
 
         left, right = inputs
         s = self.spec
+        for side, which in ((left, "this stream"), (right, "the other stream")):
+            refuse_event_time_operator(side, f"an interval or window join ({which})")
         check_columns(left, s.on, "join key (this stream)")
         check_columns(right, s.on, "join key (the other stream)")
         check_event_time_column(left, s.left_time, "join left_time")
