@@ -16,6 +16,7 @@ from sinks.delta import SchemaMode
 from sinks.kafka import DeliveryGuarantee
 
 __all__ = [
+    "AccumulationMode",
     "DataLossMode",
     "DeliveryGuarantee",
     "Duration",
@@ -50,3 +51,7 @@ DataLossMode: TypeAlias = Literal["fail", "skip"]
 JoinHow: TypeAlias = Literal["inner", "left", "right", "full"]
 StaticHow: TypeAlias = Literal["inner", "left"]
 WatermarkPolicy: TypeAlias = Literal["min", "max"]
+AccumulationMode: TypeAlias = Literal["accumulating", "discarding"]
+"""What a ``group_by`` emits per batch (Beam's ``AccumulationMode``): the running
+value of each group (``"accumulating"``) or only the batch's increment
+(``"discarding"``, for sinks that add)."""

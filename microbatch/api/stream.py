@@ -33,6 +33,7 @@ from microbatch.plan.nodes import (
     AggregateNode,
     AsOfJoinNode,
     DedupeNode,
+    DiscardingAggregateNode,
     FireOnceNode,
     IntervalJoinNode,
     PlanNode,
@@ -49,7 +50,7 @@ from microbatch.plan.schemas import check_columns, column_name, output_schema
 from microbatch.plan.stateful import StateInput, StateOutput, TransformSpec
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import SourceContext
-from microbatch.types import JoinHow, OutputMode, StaticHow
+from microbatch.types import AccumulationMode, JoinHow, OutputMode, StaticHow
 from sinks.base import Sink
 from sinks.delta import SchemaMode
 from sinks.kafka import DeliveryGuarantee
@@ -210,6 +211,7 @@ class Stream:
         self,
         *keys: str | pl.Expr | WindowSpec | SessionWindowSpec | Sequence[str | pl.Expr],
         ttl: str | float | None = None,
+        accumulation_mode: AccumulationMode = "accumulating",
     ) -> GroupedStream:
         """Group by an optional ``mb.window``/``mb.session_window`` and key columns.
 
@@ -232,11 +234,21 @@ class Stream:
             that grows forever keeps bounded state (``"1d"``). A later row of the key
             starts afresh. Windowed state is bounded by the watermark instead.
             Refused over a changelog input (its partials must stay to be retracted).
+        accumulation_mode
+            Beam's ``AccumulationMode``. ``"accumulating"`` (default): each group's
+            running value. ``"discarding"`` (Beam's ``.discardingFiredPanes()``):
+            per batch, one row per (window, keys) the batch touched with only that
+            batch's increment, for sinks that add (a counter service, a ledger);
+            the increments of a group add up to its accumulated value over the
+            rows that were not late. Only ``pl.len()``, ``count`` and ``sum``; no
+            session window, no ``ttl`` (nothing is kept); ``output_mode="append"``
+            only. Over a changelog input (``_change_type``, no window) deletes
+            and update preimages subtract. See docs/semantics.md, "Refinements:
+            accumulate, retract, discard".
 
         Returns
         -------
         GroupedStream
-
 
         Raises
         ------
@@ -292,6 +304,24 @@ class Stream:
         True
         >>> mb.table("doc_group_by_keys").sort("k").rows()
         [('a', 3), ('b', 2)]
+
+        Discarding: each batch's increment, in append mode; a sink that adds them
+        up holds the counts:
+
+        >>> query = (
+        ...     mb.read_memory(events, max_records_per_batch=2)
+        ...     .group_by("k", accumulation_mode="discarding")
+        ...     .agg(pl.len().alias("n"))
+        ...     .write_memory("doc_group_by_discarding")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> increments = mb.table("doc_group_by_discarding")
+        >>> increments.rows()  # batches [a, b], [a, a], [b]
+        [('a', 1), ('b', 1), ('a', 2), ('b', 1)]
+        >>> increments.group_by("k").agg(pl.col("n").sum()).sort("k").rows()
+        [('a', 3), ('b', 2)]
         """
         keys = tuple(_flatten_keys(keys))
         windows = [k for k in keys if isinstance(k, WindowSpec | SessionWindowSpec)]
@@ -311,7 +341,28 @@ class Stream:
                 "group_by(ttl=...) bounds the state of keys without a window; windowed state "
                 "is already bounded by the watermark (see mb.window(..., allowed_lateness=))"
             )
-        return GroupedStream(self, windows[0] if windows else None, tuple(names), ttl_ms=ttl_ms)
+        if accumulation_mode not in ("accumulating", "discarding"):
+            raise PlanError(
+                f"group_by(accumulation_mode={accumulation_mode!r}): use 'accumulating' (the "
+                "default: running values) or 'discarding' (each batch's increment)"
+            )
+        if accumulation_mode == "discarding" and (
+            ttl_ms is not None or isinstance(windows[0] if windows else None, SessionWindowSpec)
+        ):
+            raise PlanError(
+                "group_by(..., accumulation_mode='discarding') keeps no state, so it takes no "
+                "ttl=, and it refuses mb.session_window(...): a session's identity (its start "
+                "and end) changes as sessions merge, so its increments would not add up to "
+                "one row. Use mb.window(...) or no window for increments, or "
+                "accumulation_mode='accumulating' with output_mode='changelog' for sessions."
+            )
+        return GroupedStream(
+            self,
+            windows[0] if windows else None,
+            tuple(names),
+            ttl_ms=ttl_ms,
+            accumulation_mode=accumulation_mode,
+        )
 
     def fire_once(self, condition: pl.Expr, *, corrections: bool = False) -> Stream:
         """Fire a rule on a windowed aggregation once per window, as early as it holds.
@@ -1737,9 +1788,10 @@ class Stream:
         ``merge_keys`` (default: the window and group keys) -- upserts, and
         the deletes of a changelog (a session merged away, a group that
         became empty) in the same commit -- ``complete`` overwrites and
-        ``changelog`` appends the change rows with ``_change_type``. The table is created on the first batch; a
-        batch whose schema differs is refused before anything is written
-        unless ``schema_mode="merge"`` (additive evolution).
+        ``changelog`` appends the change rows with ``_change_type``. The table
+        is created on the first batch; a batch whose schema differs is refused
+        before anything is written unless ``schema_mode="merge"`` (additive
+        evolution).
         ``optimize_every=N`` compacts small files every N batches. See
         :class:`sinks.delta.DeltaSink`.
 
@@ -1911,11 +1963,13 @@ class GroupedStream:
         keys: tuple[str, ...],
         *,
         ttl_ms: int | None = None,
+        accumulation_mode: AccumulationMode = "accumulating",
     ) -> None:
         self._stream = stream
         self._window = window
         self._keys = keys
         self._ttl_ms = ttl_ms
+        self._accumulation_mode = accumulation_mode
 
     def agg(self, *aggs: pl.Expr | Sequence[pl.Expr], **named_aggs: pl.Expr) -> Stream:
         """Aggregate incrementally; output columns ``window_start, window_end``
@@ -2013,6 +2067,11 @@ class GroupedStream:
             for name, expr in named_aggs.items()
         )
         specs = tuple(parse_aggregations(aggs + named))
+        if self._accumulation_mode == "discarding":
+            assert not isinstance(self._window, SessionWindowSpec)  # refused by group_by
+            return self._stream._with_plan(
+                DiscardingAggregateNode(self._stream.plan, self._window, self._keys, specs)
+            )
         node = AggregateNode(self._stream.plan, self._window, self._keys, specs, self._ttl_ms)
         return self._stream._with_plan(node)
 

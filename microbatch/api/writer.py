@@ -17,7 +17,13 @@ from microbatch.engine.executors import Executor
 from microbatch.engine.state_budget import StateBudget
 from microbatch.exceptions import PlanError, TriggerError
 from microbatch.observability.latency import LatencyProbe, latency_columns
-from microbatch.plan.nodes import AggregateNode, PlanNode, WatermarkNode, is_aggregated
+from microbatch.plan.nodes import (
+    AggregateNode,
+    DiscardingAggregateNode,
+    PlanNode,
+    WatermarkNode,
+    is_aggregated,
+)
 from microbatch.plan.triggers import ProcessingTime, Trigger, parse_trigger
 from microbatch.types import OutputMode
 from sinks.base import Sink
@@ -243,6 +249,8 @@ def output_keys(plan: PlanNode) -> list[str]:
 def validate_aggregations(plan: PlanNode, mode: OutputMode) -> None:
     """Refuse aggregations that cannot run in ``mode`` (Spark's rules), when built."""
     for node in plan.walk():
+        if isinstance(node, DiscardingAggregateNode):
+            node.check_output_mode(mode)
         if not isinstance(node, AggregateNode):
             continue
         marks = [n.spec for n in node.child.walk() if isinstance(n, WatermarkNode)]

@@ -29,15 +29,18 @@ from typing import Any
 
 import polars as pl
 
-from microbatch.exceptions import ChangelogInputError
 from microbatch.frames import collect
 from microbatch.operators.base import OperatorContext
 from microbatch.operators.changes import diff_rows
 from microbatch.operators.window_agg import WindowAggregate
 from microbatch.plan.aggregates import AggSpec
-from microbatch.plan.changelog_inputs import SIGN, sign_expr, signed_partials
+from microbatch.plan.changelog_inputs import (
+    SIGN,
+    check_change_types,
+    sign_expr,
+    signed_partials,
+)
 from microbatch.types import OutputMode
-from sinks.changelog import CHANGE_TYPE, CHANGE_TYPES
 
 ROWS = AggSpec("len", None, "__mb_rows")
 """The hidden row count per key: the key leaves the result when it reaches 0."""
@@ -76,7 +79,7 @@ class RetractingAggregate(WindowAggregate):
         before = after = self.row_schema.to_frame()
         unmatched = 0
         if df.width and df.height:
-            self._check_change_types(df, ctx.batch_id)
+            check_change_types(df, ctx.batch_id, "group_by")
             partials = (
                 df.lazy()
                 .with_columns(sign_expr())
@@ -104,21 +107,6 @@ class RetractingAggregate(WindowAggregate):
             keys=self.keys,
             order_by=self._orderable_keys(),
         )
-
-    def _check_change_types(self, df: pl.DataFrame, batch_id: int) -> None:
-        if CHANGE_TYPE not in df.columns:
-            raise ChangelogInputError(
-                f"batch {batch_id}: the group_by over a changelog got rows without "
-                f"{CHANGE_TYPE!r}; has a step before it dropped the column?"
-            )
-        bad = df.filter(~pl.col(CHANGE_TYPE).is_in(CHANGE_TYPES) | pl.col(CHANGE_TYPE).is_null())
-        if bad.height:
-            values = bad.get_column(CHANGE_TYPE).unique(maintain_order=True).head(5).to_list()
-            raise ChangelogInputError(
-                f"batch {batch_id}: {bad.height} row(s) with {CHANGE_TYPE} {values}; a "
-                f"changelog's rows are one of {list(CHANGE_TYPES)}. Fix the source, or "
-                "filter those rows out before the group_by"
-            )
 
     def _merge_signed(
         self, store: Any, partials: pl.DataFrame

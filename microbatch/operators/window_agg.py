@@ -359,43 +359,8 @@ class WindowAggregate(SingleStoreOperator):
         return ([WS] if self.window is not None else []) + self.keys
 
     def _split_late(self, df: pl.DataFrame, wm: int | None) -> tuple[pl.LazyFrame, pl.DataFrame]:
-        """Window assignments still open, and the rows with at least one closed window.
-
-        A row is late when its oldest window is closed (for tumbling windows:
-        its only window). Late rows go to the late output; a hopping row whose
-        newer windows are still open also counts in those (Spark's rule: a
-        closed window's assignment is dropped, an open one is kept).
-        """
         assert self.window is not None
-        spec = self.window
-        # a window is final (its rows late) once the watermark passes end + lateness
-        wm = None if wm is None else wm - spec.allowed_lateness_ms
-        with_t = df.lazy().with_columns(event_time_ms(spec.column, df.schema).alias(TIME))
-        newest_start = (pl.col(TIME) // spec.slide_ms) * spec.slide_ms
-        oldest_end = newest_start + spec.slide_ms
-        late_expr = pl.col(TIME).is_null()
-        closed = None
-        if wm is not None:
-            late_expr = late_expr | (oldest_end <= wm)
-            allowance = (
-                f" and {format_duration_ms(spec.allowed_lateness_ms)} of allowed lateness"
-                if spec.allowed_lateness_ms
-                else ""
-            )
-            closed = pl.format(
-                "window ending {} closed by watermark {}" + allowance,
-                iso_ms(oldest_end),
-                iso_ms(pl.lit(wm + spec.allowed_lateness_ms)),
-            )
-        reason = late_reason(f"event time {spec.column!r} is null", closed)
-        marked = collect(with_t.with_columns(late_expr.alias("__late")))
-        late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
-        live = assign_windows(
-            marked.lazy().filter(pl.col(TIME).is_not_null()).drop("__late"), spec, TIME
-        )
-        if wm is not None:
-            live = live.filter(pl.col(WS) + spec.size_ms > wm)
-        return live, late
+        return split_late_windows(df, self.window, wm)
 
     def _merge(self, store: StateStore, partials: pl.DataFrame, now_ms: int) -> pl.DataFrame:
         """Batch partials merged with the stored partials of the same keys."""
@@ -506,3 +471,44 @@ class WindowAggregate(SingleStoreOperator):
         # NOTE: no sort here: popped windows already come ordered by (end, keys) from the
         # store, merged rows in the batch's deterministic group_by order.
         return rows.select(out)
+
+
+def split_late_windows(
+    df: pl.DataFrame, spec: WindowSpec, wm: int | None
+) -> tuple[pl.LazyFrame, pl.DataFrame]:
+    """Window assignments of ``spec`` still open, and the rows with at least one closed
+    window (with ``late_reason``), at watermark ``wm`` (``None``: only null times are late).
+
+    A row is late when its oldest window is closed (for tumbling windows:
+    its only window). Late rows go to the late output; a hopping row whose
+    newer windows are still open also counts in those (Spark's rule: a
+    closed window's assignment is dropped, an open one is kept).
+    """
+    # a window is final (its rows late) once the watermark passes end + lateness
+    wm = None if wm is None else wm - spec.allowed_lateness_ms
+    with_t = df.lazy().with_columns(event_time_ms(spec.column, df.schema).alias(TIME))
+    newest_start = (pl.col(TIME) // spec.slide_ms) * spec.slide_ms
+    oldest_end = newest_start + spec.slide_ms
+    late_expr = pl.col(TIME).is_null()
+    closed = None
+    if wm is not None:
+        late_expr = late_expr | (oldest_end <= wm)
+        allowance = (
+            f" and {format_duration_ms(spec.allowed_lateness_ms)} of allowed lateness"
+            if spec.allowed_lateness_ms
+            else ""
+        )
+        closed = pl.format(
+            "window ending {} closed by watermark {}" + allowance,
+            iso_ms(oldest_end),
+            iso_ms(pl.lit(wm + spec.allowed_lateness_ms)),
+        )
+    reason = late_reason(f"event time {spec.column!r} is null", closed)
+    marked = collect(with_t.with_columns(late_expr.alias("__late")))
+    late = marked.filter("__late").with_columns(reason.alias(LATE_REASON)).drop(TIME, "__late")
+    live = assign_windows(
+        marked.lazy().filter(pl.col(TIME).is_not_null()).drop("__late"), spec, TIME
+    )
+    if wm is not None:
+        live = live.filter(pl.col(WS) + spec.size_ms > wm)
+    return live, late

@@ -179,3 +179,42 @@ def parse_aggregations(exprs: tuple[Any, ...]) -> list[AggSpec]:
     if dupes:
         raise PlanError(f"agg() produces the column name(s) {dupes} twice; use .alias()")
     return specs
+
+
+ADDITIVE = frozenset({"len", "count", "sum"})
+"""Aggregates whose per-batch increments add up to the accumulated value."""
+
+
+def check_additive(aggs: tuple[AggSpec, ...] | list[AggSpec]) -> None:
+    """Refuse a discarding aggregation (``accumulation_mode="discarding"``) of an
+    aggregate that is not additive: its increments would not add up to anything."""
+    bad = [f"{a.kind}({a.column or ''}) as {a.output}" for a in aggs if a.kind not in ADDITIVE]
+    if bad:
+        raise PlanError(
+            f"group_by(..., accumulation_mode='discarding') emits each batch's increment, "
+            f"which a sink adds to what it holds; {', '.join(bad)} is not additive (the "
+            "value over two batches is not the sum of the values over each). Only "
+            "pl.len(), col.count() and col.sum() can be discarded. For a mean, emit "
+            "col.sum() and col.count() and divide downstream, after adding them up; for "
+            "min/max/first/last, use accumulation_mode='accumulating' (the default)."
+        )
+
+
+def check_discarding_input(schema: pl.Schema, window: Any) -> None:
+    """A discarding aggregation over a changelog input (``_change_type``) runs
+    without a window only: its increments are sign-weighted (a delete or an
+    update preimage subtracts). Windows over a changelog are refused: an update
+    or delete of an old row arrives after its window closed, would be late,
+    and the increments would drift from the source table for good."""
+    from microbatch.exceptions import ChangelogInputError
+    from sinks.changelog import CHANGE_TYPE
+
+    if window is not None and CHANGE_TYPE in schema:
+        raise ChangelogInputError(
+            "group_by(mb.window(...), ..., accumulation_mode='discarding') over a changelog "
+            f"input (its rows carry {CHANGE_TYPE!r}) is refused: an update or delete of an "
+            "old row arrives after its window closed, would be late, and the increments "
+            "would drift from the source table for good. Group without a window (the "
+            "increments are then sign-weighted: deletes and update preimages subtract), or, "
+            f"when the source only inserts, drop {CHANGE_TYPE!r} before group_by."
+        )

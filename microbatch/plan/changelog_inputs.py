@@ -23,7 +23,14 @@ import polars as pl
 
 from microbatch.exceptions import ChangelogInputError
 from microbatch.plan.aggregates import AggSpec
-from sinks.changelog import CHANGE_TYPE, DELETE, INSERT, UPDATE_POSTIMAGE, UPDATE_PREIMAGE
+from sinks.changelog import (
+    CHANGE_TYPE,
+    CHANGE_TYPES,
+    DELETE,
+    INSERT,
+    UPDATE_POSTIMAGE,
+    UPDATE_PREIMAGE,
+)
 
 __all__ = [
     "SIGN",
@@ -113,6 +120,24 @@ def refuse_upsert_topics(formats: Sequence[str]) -> None:
             'counted before. Read a complete changelog (format="debezium-json" with '
             "before images, or read_delta(changes=True)), or keep the latest row per key "
             "yourself with group_by(key).transform_with_state(...) and aggregate its output"
+        )
+
+
+def check_change_types(df: pl.DataFrame, batch_id: int, what: str) -> None:
+    """Every row of ``df`` carries one of the vocabulary's four ``_change_type``
+    values (``what``, the operator weighing them, is named in the error)."""
+    if CHANGE_TYPE not in df.columns:
+        raise ChangelogInputError(
+            f"batch {batch_id}: the {what} over a changelog got rows without "
+            f"{CHANGE_TYPE!r}; has a step before it dropped the column?"
+        )
+    bad = df.filter(~pl.col(CHANGE_TYPE).is_in(CHANGE_TYPES) | pl.col(CHANGE_TYPE).is_null())
+    if bad.height:
+        values = bad.get_column(CHANGE_TYPE).unique(maintain_order=True).head(5).to_list()
+        raise ChangelogInputError(
+            f"batch {batch_id}: {bad.height} row(s) with {CHANGE_TYPE} {values}; a "
+            f"changelog's rows are one of {list(CHANGE_TYPES)}, which the {what} weighs "
+            "by kind. Fix the source, or filter those rows out before the group_by"
         )
 
 

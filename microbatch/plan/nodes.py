@@ -313,6 +313,86 @@ class AggregateNode(StatefulNode):
 
 
 @dataclass(frozen=True, eq=False)
+class DiscardingAggregateNode(StatefulNode):
+    """``group_by(..., accumulation_mode="discarding").agg(...)``: each batch's
+    increment of additive aggregates (Beam's discarding fired panes).
+
+    Per batch, one row per (window, keys) touched by the batch's rows that are
+    not late, holding the aggregates over those rows only; the sum of a
+    window's increments is its accumulated value. Keeps no keyed state: the
+    late rule needs only the watermark in force. Validated when built: only
+    ``len``/``count``/``sum``, no session window, no ``ttl``.
+    """
+
+    kind: ClassVar[str] = "agg"
+
+    child: PlanNode
+    window: WindowSpec | None
+    keys: tuple[str, ...]
+    aggs: tuple[AggSpec, ...]
+
+    def __post_init__(self) -> None:
+        from microbatch.plan.aggregates import check_additive
+
+        check_additive(self.aggs)
+
+    @property
+    def children(self) -> tuple[PlanNode, ...]:
+        return (self.child,)
+
+    def shard_keys(self) -> tuple[str, ...]:
+        return self.keys
+
+    def describe_node(self) -> str:
+        win = ""
+        if self.window is not None:
+            win = ", ".join(f"{k}={v}" for k, v in self.window.describe().items()) + "; "
+        aggs = ", ".join(f"{a.kind}({a.column or ''}) as {a.output}" for a in self.aggs)
+        return f"DiscardingAggregate[{win}keys={list(self.keys)}]({aggs})"
+
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        """``window_start, window_end`` (typed like the window's column), the keys,
+        the increments (typed as the accumulating aggregates); never ``_change_type``:
+        increments are facts, emitted once each."""
+        from microbatch.plan.aggregates import TIME, check_discarding_input
+        from microbatch.plan.changelog_inputs import is_changelog_schema, refuse_upsert_topics
+        from microbatch.plan.schemas import check_columns, check_event_time_column
+
+        schema = inputs[0]
+        check_discarding_input(schema, self.window)
+        if is_changelog_schema(schema):
+            refuse_upsert_topics([str(s.describe().get("format")) for s in self.child.sources()])
+        out: dict[str, pl.DataType] = {}
+        if self.window is not None:
+            check_event_time_column(schema, self.window.column, "group_by window")
+            out["window_start"] = out["window_end"] = schema[self.window.column]
+        check_columns(schema, self.keys, "group_by")
+        check_columns(schema, [a.column for a in self.aggs if a.column], "agg")
+        out.update({k: schema[k] for k in self.keys})
+        frame = schema.to_frame().with_columns(pl.lit(0, pl.Int64).alias(TIME))
+        partials = frame.select([e for a in self.aggs for e in a.partials(schema)])
+        out.update(partials.select([a.finalize() for a in self.aggs]).schema)
+        return pl.Schema(out)
+
+    def check_output_mode(self, mode: str) -> None:
+        """Increments are new facts, each to be added once: only ``append`` is
+        meaningful (an upsert by key would replace a running value by an
+        increment, a complete table or a changelog would claim a result table
+        the increments are not)."""
+        from microbatch.exceptions import PlanError
+
+        if mode != "append":
+            raise PlanError(
+                f"output_mode={mode!r} cannot carry the increments of "
+                "group_by(..., accumulation_mode='discarding'): each row is an amount to "
+                "add to what the sink holds, not a result row to upsert or retract. Use "
+                "output_mode='append' (the default) with a sink that adds, or "
+                "accumulation_mode='accumulating' (the default) for running values in "
+                f"output_mode={mode!r}."
+            )
+
+
+@dataclass(frozen=True, eq=False)
 class FireOnceNode(StatefulNode):
     """``agg(...).fire_once(condition)``: a windowed aggregation fired early.
 
@@ -576,8 +656,9 @@ def stateful_nodes(plan: PlanNode) -> list[StatefulNode]:
 
 
 def is_aggregated(plan: PlanNode) -> bool:
-    """True when ``plan`` contains a streaming aggregation."""
-    return any(isinstance(node, AggregateNode) for node in plan.walk())
+    """True when ``plan`` contains a streaming aggregation (accumulating or
+    discarding)."""
+    return any(isinstance(node, AggregateNode | DiscardingAggregateNode) for node in plan.walk())
 
 
 if not TYPE_CHECKING:  # mypy would take every missing name for a moved one

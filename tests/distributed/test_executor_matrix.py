@@ -111,6 +111,14 @@ def _static_join() -> mb.Stream:
     )
 
 
+def _discarding() -> mb.Stream:
+    return (
+        queries.payments().with_watermark("event_time", "5s")
+        .group_by(mb.window("event_time", "10s"), "card_id", accumulation_mode="discarding")
+        .agg(pl.len().alias("n"), pl.col("amount").sum().alias("total"))
+    )
+
+
 MORE_QUERIES = {
     "transform_with_state": (_running_total, "hash"),
     "stateless": (_stateless, None),
@@ -119,6 +127,7 @@ MORE_QUERIES = {
     "fire_once": (_fire_once, "hash"),
     "asof_join": (_asof_join, "hash"),
     "static_join": (_static_join, "spread"),
+    "discarding": (_discarding, "hash"),
 }
 """More query kinds: (build, expected shard layout). With :data:`queries.QUERIES`,
 every kind of stateful plan node (``tests/test_structure.py`` checks it)."""

@@ -58,6 +58,10 @@ QUERIES: dict[str, tuple[Callable[[], mb.Stream], str]] = {
     "fire_once": (lambda: payments().with_watermark("event_time", "5s")
                   .group_by(mb.window("event_time", "1m"), "card_id").agg(n=pl.len())
                   .fire_once(pl.col("n") >= 3, corrections=True), "append"),
+    "discarding": (lambda: payments().with_watermark("event_time", "5s")
+                   .group_by(mb.window("event_time", "10s"), "card_id",
+                             accumulation_mode="discarding")
+                   .agg(n=pl.len(), total=pl.col("amount").sum()), "append"),
     "dedupe": (lambda: payments().with_watermark("event_time", "5s")
                .drop_duplicates("card_id", within="10s"), "append"),
     "interval_join": (lambda: payments().with_watermark("event_time", "5s").join_interval(
