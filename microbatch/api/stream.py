@@ -11,7 +11,7 @@ import polars as pl
 
 from microbatch.api.writer import DataStreamWriter
 from microbatch.durations import parse_duration_ms
-from microbatch.exceptions import PlanError
+from microbatch.exceptions import ChangelogInputError, PlanError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.aggregates import parse_aggregations
 from microbatch.plan.changelog_inputs import (
@@ -945,6 +945,14 @@ class Stream:
         """
         from microbatch.plan.nodes import StaticJoinNode
 
+        if isinstance(other, Stream):
+            raise PlanError(
+                "join_static joins a table (a DataFrame, Parquet or a Delta table path, re-read "
+                "when it changes), not a stream. For a table given as its changelog (e.g. "
+                "mb.read_delta(path, changes=True)) use "
+                "join_asof_table(dim, on=..., time=..., dim_time='_commit_timestamp'); for a "
+                "Delta table updated in place, pass its path to join_static."
+            )
         if left_on is not None or right_on is not None:
             return self._join_static_renamed(other, on=on, left_on=left_on, right_on=right_on,
                                              how=how, storage_options=storage_options)
@@ -970,8 +978,19 @@ class Stream:
         ``time`` — the latest with ``dim_time <= time`` (Polars ``join_asof``,
         backward).
 
-        ``dim`` is a changelog stream of upserts (key, ``dim_time``, values),
-        e.g. CDC from ``mb.read_delta``. Both inputs need ``with_watermark``.
+        ``dim`` is a stream of versions (key, ``dim_time``, values): every row
+        is a version valid from its ``dim_time``, or, when its rows carry
+        ``_change_type`` (a changelog: ``mb.read_delta(path, changes=True)``,
+        ``mb.read_kafka(..., format="debezium-json" | "upsert")``), an
+        ``insert``/``update_postimage`` is a version, an ``update_preimage`` is
+        ignored and a ``delete`` ends the key's value from its time on (an
+        event after it gets nulls with ``how="left"`` and is dropped with
+        ``"inner"``; an event before it still gets the value it had then). A
+        delete takes effect at its ``_commit_timestamp`` when ``dim`` has that
+        column (Delta's feed) and ``dim_time`` is another column, else at its
+        ``dim_time``. For a Delta table updated in place, read its feed and use
+        ``dim_time="_commit_timestamp"``: a value is valid from its commit. The
+        output never holds ``_change_type``. Both inputs need ``with_watermark``.
         A row is held in state until the watermark (the minimum of both
         inputs') reaches its time — only then can no earlier-valid version
         still arrive — and is emitted then, so the output waits for the
@@ -982,7 +1001,8 @@ class Stream:
         Parameters
         ----------
         dim
-            The dimension's changelog stream.
+            The dimension's versions: a stream of rows valid from their
+            ``dim_time``, or a changelog (rows with ``_change_type``).
         on
             The key column(s), in both streams.
         time
@@ -1000,7 +1020,8 @@ class Stream:
         ------
         PlanError
             When an input has no watermark, ``time``/``dim_time`` is not a column
-            name, or both inputs read the same source object.
+            name, both inputs read the same source object, or this stream is a
+            changelog (an event is enriched once and cannot be retracted).
 
         Examples
         --------
@@ -1031,8 +1052,43 @@ class Stream:
         [(1, 1.0, 100), (2, 3.0, None), (1, 2.0, 200)]
 
         Card 2 has no version valid at 00:03 (its first is valid from 00:10).
+
+        A changelog dimension: card 1's limit is updated at 00:04 and the card
+        deleted at 00:06 (the delete's row image is the row deleted).
+
+        >>> changes = mb.read_memory(
+        ...     pl.DataFrame(
+        ...         {
+        ...             "card_id": [1, 1, 1, 1, 2],
+        ...             "limit": [100, 100, 200, 200, 0],
+        ...             "changed_at": [at(0), at(4), at(4), at(6), at(9)],
+        ...             "_change_type": [
+        ...                 "insert", "update_preimage", "update_postimage", "delete", "insert"
+        ...             ],
+        ...         }
+        ...     )
+        ... )
+        >>> tx = mb.read_memory(
+        ...     pl.DataFrame({"card_id": [1, 1, 1], "ts": [at(1), at(5), at(7)]})
+        ... )
+        >>> joined = tx.with_watermark("ts", "0s").join_asof_table(
+        ...     changes.with_watermark("changed_at", "0s"),
+        ...     on="card_id",
+        ...     time="ts",
+        ...     dim_time="changed_at",
+        ... )
+        >>> joined.schema.names()
+        ['card_id', 'ts', 'limit', 'changed_at']
+        >>> query = joined.write_memory("doc_join_asof_cdc").start(trigger="available-now")
+        >>> query.await_termination()
+        True
+        >>> out = mb.table("doc_join_asof_cdc").sort("ts")
+        >>> out.select(pl.col("ts").dt.strftime("%H:%M"), "limit").rows()
+        [('00:01', 100), ('00:05', 200), ('00:07', None)]
         """
+        from microbatch.plan.joins import events_changelog_refusal
         from microbatch.plan.nodes import AsOfJoinNode
+        from sinks.changelog import CHANGE_TYPE
 
         on, dim = self._join_on(dim, on, left_on, right_on, "join_asof_table")
         keys = parse_keys(on, what="join_asof_table")
@@ -1040,6 +1096,9 @@ class Stream:
         for name, col in (("time", time), ("dim_time", dim_time)):
             if not isinstance(col, str) or not col:
                 raise PlanError(f"join_asof_table needs {name}=<column name>, got {col!r}")
+        events = output_schema(self._plan)
+        if events is not None and CHANGE_TYPE in events:  # also when dim's schema is unknown
+            raise ChangelogInputError(events_changelog_refusal())
         self._check_join_inputs(dim, "join_asof_table", watermarks=True)
         spec = AsOfJoinSpec(keys, time, dim_time, how)
         return self._joined(dim, AsOfJoinNode(self._plan, dim.plan, spec))

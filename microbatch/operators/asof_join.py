@@ -18,6 +18,21 @@ of both inputs' watermarks):
   versions of a key with the same ``dim_time``: the later arrival replaces
   the earlier.
 
+A changelog dimension (its rows carry ``_change_type``, e.g.
+``read_delta(path, changes=True)``): ``update_preimage`` rows are ignored;
+``insert`` and ``update_postimage`` are versions valid from their
+``dim_time``; a ``delete`` is a *tombstone* version, "no value from here on":
+an event whose version is a tombstone gets nulls (``how="left"``) or is
+dropped (``"inner"``). A delete takes effect at its ``_commit_timestamp``
+when the dimension has that column and ``dim_time`` is another one (a
+delete's row image carries the deleted row's old ``dim_time``, which says
+nothing about when it was deleted), else at its ``dim_time``. A tombstone
+expires as soon as the watermark reaches its own time: from then on every
+event still to come would get no value from it, which is what an absent
+version gives too (the versions before it expire in the same call, their
+``__next`` being its time); a key whose newest version was a tombstone then
+leaves the index as well, so deleted keys cost no state.
+
 State: ``events`` keyed by a row id (batch id, row) with the event's
 columns and its time (the time column: ``pop_expired(W)`` returns exactly the
 events that became final); ``versions`` keyed by (key, slot) with the
@@ -35,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from microbatch.exceptions import ChangelogInputError, SourceError
 from microbatch.operators.base import OperatorContext, StatefulOperator, check_signature
 from microbatch.operators.join_state import (
     BinaryOperator,
@@ -46,15 +62,18 @@ from microbatch.operators.join_state import (
 )
 from microbatch.operators.registry import builds
 from microbatch.operators.state import StoreSet
-from microbatch.plan.joins import AsOfJoinSpec, output_columns
+from microbatch.plan.joins import AsOfJoinSpec, events_changelog_refusal, output_columns
 from microbatch.plan.nodes import AsOfJoinNode
+from sinks.changelog import CHANGE_TYPE, CHANGE_TYPES, DELETE, UPDATE_PREIMAGE
 
 if TYPE_CHECKING:
-    pass
     from microbatch.types import OutputMode
 
 RID, SLOT, VF, NEXT, N, FOUND, OLD = "__rid", "__slot", "__vf", "__next", "__n", "__found", "__old"
-HIT = "__hit"
+HIT, GONE, ORD = "__hit", "__gone", "__ord"
+COMMIT_TIMESTAMP = "_commit_timestamp"
+"""Delta Change Data Feed's commit time column (``read_delta(path, changes=True)``):
+when the dimension has it, a ``delete`` takes effect then (module docstring)."""
 ROW_BITS = 32
 """A row id is ``batch_id << 32 | row``: unique for batches below 2**31 rows."""
 
@@ -96,13 +115,29 @@ class AsOfJoin(BinaryOperator):
             time_column=T,
         )
 
+    @property
+    def changelog(self) -> bool:
+        """Whether the dimension is a changelog (its rows carry ``_change_type``)."""
+        return self.dim_in.schema is not None and CHANGE_TYPE in self.dim_in.schema
+
+    def _dim_values(self) -> list[str]:
+        """The dimension's value columns: not the keys, not ``_change_type``."""
+        assert self.dim_in.schema is not None
+        return [c for c in self.dim_in.schema if c not in self.on and c != CHANGE_TYPE]
+
+    def _stored_values(self) -> list[str]:
+        """A stored version's value columns (and the tombstone flag of a changelog)."""
+        return [*self._dim_values(), *([GONE] if self.changelog else [])]
+
     def _dim_providers(self) -> None:
         schema = self.dim_in.schema
         directory = self.dim_in.directory
         assert schema is not None
         assert directory is not None
         keys = {k: schema[k] for k in self.on}
-        values = {c: t for c, t in schema.items() if c not in self.on}
+        values = {c: schema[c] for c in self._dim_values()}
+        if self.changelog:  # NOTE: only then, so a plain dimension's state layout is unchanged
+            values[GONE] = pl.Boolean()
         self.state.define(
             "versions",
             directory / "versions",
@@ -117,6 +152,8 @@ class AsOfJoin(BinaryOperator):
     def _prepare(self, events: pl.DataFrame, dim: pl.DataFrame, batch_id: int) -> None:
         what = "join_asof_table"
         if events.width:
+            if CHANGE_TYPE in events.columns:
+                raise ChangelogInputError(events_changelog_refusal())
             if self.events_in.schema is None:
                 require_columns(events.schema, [*self.on, self.spec.time], side="events", what=what)
                 self.events_in.define(events.schema, batch_id)
@@ -166,7 +203,7 @@ class AsOfJoin(BinaryOperator):
         late_rows = 0
         if self.state.get("versions") is not None and self.dim_in.schema is not None:
             dim = right if right.width else self.dim_in.schema.to_frame()
-            new, late = split_late(dim, self.spec.dim_time, wm, "dimension")
+            new, late = self._split_dim(dim, wm, ctx.batch_id)
             late_rows += late.height
             if late.height:
                 ctx.late_rows.append(late)
@@ -190,13 +227,61 @@ class AsOfJoin(BinaryOperator):
         )
         out = self._enrich(ready.drop(RID))
         if wm is not None and self.state.get("versions") is not None:
-            self.state["versions"].pop_expired(wm)  # superseded before the watermark
+            self._expire_versions(wm)
         ctx.metrics[self.operator_id] = {
             **self.metrics(),
             "late_rows": late_rows,
             "emitted_rows": out.height,
         }
         return out
+
+    def _split_dim(
+        self, dim: pl.DataFrame, wm: int | None, batch_id: int
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The batch's versions that are not late (``__t`` = valid from; a changelog's
+        with ``__gone`` and without ``_change_type``), and the late rows."""
+        spec = self.spec
+        if not self.changelog:
+            return split_late(dim, spec.dim_time, wm, "dimension")
+        kind = pl.col(CHANGE_TYPE)
+        bad = dim.filter(~kind.is_in(CHANGE_TYPES).fill_null(value=False))
+        if bad.height:
+            raise SourceError(
+                f"join_asof_table: batch {batch_id}: the dimension's {CHANGE_TYPE} holds "
+                f"{bad.get_column(CHANGE_TYPE).unique().to_list()}; a changelog's rows must "
+                f"be one of {list(CHANGE_TYPES)}. Fix the dimension's source, or drop "
+                f"{CHANGE_TYPE} (.drop({CHANGE_TYPE!r})) to read every row as a version."
+            )
+        rows = dim.filter(kind != UPDATE_PREIMAGE)  # a preimage is not a version
+        deleted = kind == DELETE
+        if COMMIT_TIMESTAMP in dim.columns and spec.dim_time != COMMIT_TIMESTAMP:
+            # NOTE: a delete takes effect at its commit; the arrival order is kept,
+            # so that of two versions with the same time the later one still wins
+            rows = rows.with_row_index(ORD)
+            versions = split_late(rows.filter(~deleted), spec.dim_time, wm, "dimension")
+            deletes = split_late(rows.filter(deleted), COMMIT_TIMESTAMP, wm, "dimension")
+            new = pl.concat([versions[0], deletes[0]]).sort(ORD).drop(ORD)
+            late = pl.concat([versions[1], deletes[1]]).sort(ORD).drop(ORD)
+        else:
+            new, late = split_late(rows, spec.dim_time, wm, "dimension")
+        return new.with_columns(deleted.alias(GONE)).drop(CHANGE_TYPE), late
+
+    def _expire_versions(self, wm: int) -> None:
+        """Drop versions superseded at or before ``wm``, tombstones whose time it
+        reached, and the index row of a key left without versions."""
+        popped = self.state["versions"].pop_expired(wm)
+        if not self.changelog or not popped.height:
+            return
+        index = self.state["index"]
+        tombstones = popped.filter(GONE).select(*self.on, SLOT)
+        if not tombstones.height:
+            return
+        counts = index.lookup(tombstones)
+        # NOTE: every older version of the key expired with it (its __next is the
+        # tombstone's time): a key whose newest version was popped has none left
+        emptied = tombstones.filter(pl.col(SLOT) == counts.get_column(N) - 1)
+        if emptied.height:
+            index.delete(emptied.select(self.on).unique(maintain_order=True))
 
     def _versions_of(self, keys: pl.DataFrame) -> pl.DataFrame:
         """Every stored version of ``keys`` (unique, non-null), with its slot."""
@@ -215,7 +300,7 @@ class AsOfJoin(BinaryOperator):
             return
         assert self.dim_in.schema is not None
         versions, index = self.state["versions"], self.state["index"]
-        values = [c for c in self.dim_in.schema if c not in self.on]
+        values = self._stored_values()
         keys = new.select(self.on).unique(maintain_order=True)
         stored = self._versions_of(keys)
         merged = (
@@ -234,6 +319,10 @@ class AsOfJoin(BinaryOperator):
                 pl.int_range(pl.len(), dtype=pl.Int64).over(self.on).alias(SLOT),
             )
         )
+        if self.changelog:  # a tombstone expires at its own time (module docstring)
+            merged = merged.with_columns(
+                pl.when(GONE).then(pl.col(VF)).otherwise(pl.col(NEXT)).alias(NEXT)
+            )
         counts = merged.group_by(self.on, maintain_order=True).agg(pl.len().cast(pl.Int64).alias(N))
         stale = stored.join(counts, on=self.on, how="left", maintain_order="left").filter(
             pl.col(SLOT) >= pl.col(N)
@@ -258,7 +347,8 @@ class AsOfJoin(BinaryOperator):
             sides=("events", "dimension"),
             what="join_asof_table",
         )
-        out_cols, rename = output_columns(events_schema, dim_schema, self.on, spec.suffix)
+        dim_out = pl.Schema({c: t for c, t in dim_schema.items() if c != CHANGE_TYPE})
+        out_cols, rename = output_columns(events_schema, dim_out, self.on, spec.suffix)
         keys = (
             ready.select(self.on)
             .filter(pl.all_horizontal(pl.col(self.on).is_not_null()))
@@ -270,6 +360,7 @@ class AsOfJoin(BinaryOperator):
             *[pl.col(c).alias(o) for c, o in rename.items()],
             pl.col(VF),
             pl.lit(True).alias(HIT),
+            *([GONE] if self.changelog else []),
         ).sort(VF, maintain_order=True)
         joined = ready.join_asof(
             right,
@@ -279,6 +370,11 @@ class AsOfJoin(BinaryOperator):
             strategy="backward",
             check_sortedness=False,
         )
+        if self.changelog:  # a tombstone in force: no value, and none of its columns
+            live = ~pl.col(GONE).fill_null(value=False)
+            joined = joined.with_columns(
+                pl.when(live).then(pl.col(c)).alias(c) for c in [*rename.values(), HIT]
+            )
         if spec.how == "inner":
             joined = joined.filter(pl.col(HIT).is_not_null())
         return joined.select(out_cols)

@@ -31,6 +31,7 @@ from microbatch._deprecation import moved_names
 from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError
 from microbatch.types import JoinHow, StaticHow
+from sinks.changelog import CHANGE_TYPE
 
 SUFFIX = "_right"
 """Suffix of right-side columns whose name the left side already uses (as Polars)."""
@@ -236,6 +237,18 @@ class StaticJoinSpec:
             "on": list(self.on),
             "how": self.how,
         }
+
+
+def events_changelog_refusal() -> str:
+    """Why ``join_asof_table`` refuses events that carry ``_change_type``, and the fix."""
+    return (
+        "join_asof_table: the events (this stream) are a changelog (they carry "
+        f"{CHANGE_TYPE!r}); a temporal join enriches each event once, when the watermark "
+        "reaches it, and cannot retract an event that is later updated or deleted. Keep "
+        f"the inserts only (.filter(pl.col({CHANGE_TYPE!r}) == 'insert').drop({CHANGE_TYPE!r})) "
+        "if the events are append-only, or pass the changelog as the dimension "
+        "(dim=...) if it is the table to look values up in."
+    )
 
 
 def output_columns(

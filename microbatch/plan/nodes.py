@@ -585,15 +585,22 @@ class AsOfJoinNode(StatefulNode):
         return self.spec.on
 
     def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        from microbatch.exceptions import ChangelogInputError
+        from microbatch.plan.joins import events_changelog_refusal
         from microbatch.plan.schemas import check_columns, check_event_time_column
+        from sinks.changelog import CHANGE_TYPE
 
         events, dim = inputs
         s = self.spec
+        if CHANGE_TYPE in events:
+            raise ChangelogInputError(events_changelog_refusal())
         check_columns(events, s.on, "join_asof_table key (events)")
         check_columns(dim, s.on, "join_asof_table key (dimension)")
         check_event_time_column(events, s.time, "join_asof_table time")
         check_event_time_column(dim, s.dim_time, "join_asof_table dim_time")
-        return joined_schema(events, dim, s.on, s.suffix)
+        # a changelog dimension's _change_type says what a version is; it is not output
+        values = pl.Schema({c: t for c, t in dim.items() if c != CHANGE_TYPE})
+        return joined_schema(events, values, s.on, s.suffix)
 
     def describe_node(self) -> str:
         s = self.spec
