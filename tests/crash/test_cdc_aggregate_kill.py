@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
 import pytest
 from cdf_history import Source, one_shot
 from deltalake import DeltaTable
+from kill_helpers import run_with_kills
 from polars.testing import assert_frame_equal
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.delta]
@@ -38,35 +36,6 @@ def command(chk: Path, src: str, out: Path) -> list[str]:
         "--param", f"input={src}", "--param", f"output={out}",
         "--param", "max_files_per_batch=1",
     ]  # fmt: skip
-
-
-def committed(chk: Path) -> int:
-    commits = chk / "commits"
-    ids = [int(n) for n in os.listdir(commits) if n.isdigit()] if commits.exists() else []
-    return max(ids) + 1 if ids else 0
-
-
-def run_with_kills(cmd: list[str], chk: Path, rng: random.Random, kills_wanted: int) -> int:
-    """Run to the end, killing the job ``kills_wanted`` times after a random number
-    of new commits plus a random delay."""
-    log, kills = chk.parent / "stderr.log", 0
-    while True:
-        with log.open("wb") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
-            if kills < kills_wanted:
-                target = committed(chk) + rng.randint(1, 6)
-                deadline = time.monotonic() + 120
-                while proc.poll() is None and committed(chk) < target:
-                    assert time.monotonic() < deadline, "the job made no progress in 120 s"
-                    time.sleep(0.002)
-                time.sleep(rng.uniform(0, 0.05))
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait()
-                    kills += 1
-                    continue
-            assert proc.wait(timeout=300) == 0, log.read_text()
-            return kills
 
 
 def totals(out: Path) -> pl.DataFrame:
@@ -88,7 +57,8 @@ def test_cdf_aggregate_under_sigkill_equals_one_shot_over_the_final_source(
     kills = 0
     for commits in (25, 15):  # a second round: the feed grows between runs
         ops += [source.commit() for _ in range(commits)]
-        kills += run_with_kills(command(chk, source.path, out), chk, rng, kills_wanted=2)
+        kills += run_with_kills(command(chk, source.path, out), chk, tmp_path / "stderr.log",
+                                rng, kills=2, most_commits=6, most_delay_s=0.05)
         got, want = totals(out), one_shot(source.final())
         assert_frame_equal(got.drop("avg"), want.drop("avg"))
         assert_frame_equal(got.select("avg"), want.select("avg"), rel_tol=1e-12)

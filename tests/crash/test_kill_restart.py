@@ -12,11 +12,11 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
 import pytest
+from kill_helpers import run_with_kills
 
 import microbatch as mb
 from microbatch.sources.generator import GeneratorSource
@@ -73,39 +73,13 @@ def assert_exact(out: Path) -> None:
     )
 
 
-def committed(chk: Path) -> int:
-    """How many batches the checkpoint has committed so far (old entries are purged)."""
-    commits = chk / "commits"
-    ids = [int(n) for n in os.listdir(commits) if n.isdigit()] if commits.exists() else []
-    return max(ids) + 1 if ids else 0
-
-
 def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     """Kill after a random number of new commits plus a random delay, so every
     kill lands mid-run however slow the machine is; the last run finishes."""
     chk, out = tmp_path / "chk", tmp_path / "out"
     rng = random.Random(int(os.environ.get("CRASH_SEED", "1234")))
-    log = tmp_path / "stderr.log"
-    kills = 0
-    while True:
-        with log.open("wb") as err:
-            proc = subprocess.Popen(
-                command(chk, out), stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT
-            )
-            if kills < 6:
-                target = committed(chk) + rng.randint(1, 40)
-                deadline = time.monotonic() + 120
-                while proc.poll() is None and committed(chk) < target:
-                    assert time.monotonic() < deadline, "the job made no progress in 120 s"
-                    time.sleep(0.002)
-                time.sleep(rng.uniform(0, 0.01))
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait()
-                    kills += 1
-                    continue
-            assert proc.wait(timeout=300) == 0, log.read_text()
-            break
+    kills = run_with_kills(command(chk, out), chk, tmp_path / "stderr.log", rng, kills=6,
+                           most_commits=40, most_delay_s=0.01)
     assert kills == 6
     assert_exact(out)
 

@@ -13,16 +13,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import unquote
 
 import polars as pl
 import pytest
 from change_oracle import apply_changes
+from kill_helpers import run_with_kills
 from oracles import sessions
 from polars.testing import assert_frame_equal
 
@@ -73,38 +71,6 @@ def one_shot_sessions() -> pl.DataFrame:
     ).pipe(in_ms).sort(KEYS)  # fmt: skip
 
 
-def committed(chk: Path) -> int:
-    commits = chk / "commits"
-    ids = [int(n) for n in os.listdir(commits) if n.isdigit()] if commits.exists() else []
-    return max(ids) + 1 if ids else 0
-
-
-def run_with_kills(chk: Path, out: Path, mode: str, seed: int, kills_wanted: int) -> int:
-    """Run the job to the end, killing it ``kills_wanted`` times after a random
-    number of new commits plus a random delay (so a kill lands mid-batch)."""
-    rng = random.Random(seed)
-    log = chk.parent / f"stderr-{mode}.log"
-    kills = 0
-    while True:
-        with log.open("wb") as err:
-            proc = subprocess.Popen(command(chk, out, mode), stdout=subprocess.DEVNULL,
-                                    stderr=err, cwd=ROOT)  # fmt: skip
-            if kills < kills_wanted:
-                target = committed(chk) + rng.randint(1, 8)
-                deadline = time.monotonic() + 120
-                while proc.poll() is None and committed(chk) < target:
-                    assert time.monotonic() < deadline, "the job made no progress in 120 s"
-                    time.sleep(0.002)
-                time.sleep(rng.uniform(0, 0.05))
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait()
-                    kills += 1
-                    continue
-            assert proc.wait(timeout=300) == 0, log.read_text()
-            return kills
-
-
 def in_ms(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns(pl.col("window_start", "window_end").dt.cast_time_unit("ms"))
 
@@ -134,7 +100,8 @@ def test_sessions_into_delta_under_sigkill_equal_one_shot_sessions(
 ) -> None:
     chk, out = tmp_path / "chk", tmp_path / "out"
     seed = int(os.environ.get("CRASH_SEED", "2828"))
-    kills = run_with_kills(chk, out, mode, seed, kills_wanted=3)
+    kills = run_with_kills(command(chk, out, mode), chk, tmp_path / "stderr.log",
+                           random.Random(seed), kills=3, most_commits=8, most_delay_s=0.05)
     assert kills == 3
     want = one_shot_sessions()
     if mode == "changelog":
