@@ -233,6 +233,42 @@ class WatermarkNode(PlanNode):
         return f"Watermark({self.spec.column}, delay={self.spec.delay_ms}ms{idle})"
 
 
+def describe_grouping(
+    window: WindowSpec | SessionWindowSpec | None, keys: Sequence[str], aggs: Sequence[AggSpec]
+) -> str:
+    """``<window options>; keys=[...]](agg(col) as out, ...)``: an aggregation in ``explain``."""
+    win = ""
+    if window is not None:
+        win = ", ".join(f"{k}={v}" for k, v in window.describe().items()) + "; "
+    described = ", ".join(f"{a.kind}({a.column or ''}) as {a.output}" for a in aggs)
+    return f"{win}keys={list(keys)}]({described})"
+
+
+def grouped_schema(
+    schema: pl.Schema,
+    window: WindowSpec | SessionWindowSpec | None,
+    keys: Sequence[str],
+    aggs: Sequence[AggSpec],
+) -> dict[str, pl.DataType]:
+    """The columns a ``group_by([window], *keys).agg(*aggs)`` over ``schema`` emits:
+    ``window_start, window_end`` (typed like the window's column), the keys, the
+    aggregates (typed as their finalized partials); checks that each column exists."""
+    from microbatch.plan.aggregates import TIME
+    from microbatch.plan.schemas import check_columns, check_event_time_column
+
+    out: dict[str, pl.DataType] = {}
+    if window is not None:
+        check_event_time_column(schema, window.column, "group_by window")
+        out["window_start"] = out["window_end"] = schema[window.column]
+    check_columns(schema, list(keys), "group_by")
+    check_columns(schema, [a.column for a in aggs if a.column], "agg")
+    out.update({k: schema[k] for k in keys})
+    frame = schema.to_frame().with_columns(pl.lit(0, pl.Int64).alias(TIME))
+    partials = frame.select([e for a in aggs for e in a.partials(schema)])
+    out.update(partials.select([a.finalize() for a in aggs]).schema)
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class AggregateNode(StatefulNode):
     """A streaming ``group_by([window], *keys).agg(...)``; keeps state."""
@@ -254,24 +290,19 @@ class AggregateNode(StatefulNode):
         return self.keys
 
     def describe_node(self) -> str:
-        win = ""
-        if self.window is not None:
-            win = ", ".join(f"{k}={v}" for k, v in self.window.describe().items()) + "; "
-        aggs = ", ".join(f"{a.kind}({a.column or ''}) as {a.output}" for a in self.aggs)
-        return f"Aggregate[{win}keys={list(self.keys)}]({aggs})"
+        return f"Aggregate[{describe_grouping(self.window, self.keys, self.aggs)}"
 
     def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
         """``window_start, window_end`` (typed like the window's column), the keys,
         the aggregates; ``revision`` last when the window has an allowed lateness
         (present in append mode, the default)."""
-        from microbatch.plan.aggregates import TIME
         from microbatch.plan.changelog_inputs import (
             check_retractable,
             is_changelog_schema,
             refuse_event_time_operator,
             refuse_upsert_topics,
         )
-        from microbatch.plan.schemas import check_columns, check_event_time_column
+        from microbatch.plan.schemas import check_columns
 
         schema = inputs[0]
         out: dict[str, pl.DataType] = {}
@@ -284,15 +315,7 @@ class AggregateNode(StatefulNode):
             check_columns(schema, [a.column for a in self.aggs if a.column], "agg")
             check_retractable(self.aggs, schema, ttl=self.ttl_ms is not None)
             refuse_upsert_topics([str(s.describe().get("format")) for s in self.child.sources()])
-        if self.window is not None:
-            check_event_time_column(schema, self.window.column, "group_by window")
-            out["window_start"] = out["window_end"] = schema[self.window.column]
-        check_columns(schema, self.keys, "group_by")
-        check_columns(schema, [a.column for a in self.aggs if a.column], "agg")
-        out.update({k: schema[k] for k in self.keys})
-        frame = schema.to_frame().with_columns(pl.lit(0, pl.Int64).alias(TIME))
-        partials = frame.select([e for a in self.aggs for e in a.partials(schema)])
-        out.update(partials.select([a.finalize() for a in self.aggs]).schema)
+        out.update(grouped_schema(schema, self.window, self.keys, self.aggs))
         if isinstance(self.window, WindowSpec) and self.window.allowed_lateness_ms:
             out["revision"] = pl.Int64()
         return pl.Schema(out)
@@ -344,34 +367,21 @@ class DiscardingAggregateNode(StatefulNode):
         return self.keys
 
     def describe_node(self) -> str:
-        win = ""
-        if self.window is not None:
-            win = ", ".join(f"{k}={v}" for k, v in self.window.describe().items()) + "; "
-        aggs = ", ".join(f"{a.kind}({a.column or ''}) as {a.output}" for a in self.aggs)
-        return f"DiscardingAggregate[{win}keys={list(self.keys)}]({aggs})"
+        return f"DiscardingAggregate[{describe_grouping(self.window, self.keys, self.aggs)}"
 
     def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
         """``window_start, window_end`` (typed like the window's column), the keys,
         the increments (typed as the accumulating aggregates); never ``_change_type``:
         increments are facts, emitted once each."""
-        from microbatch.plan.aggregates import TIME, check_discarding_input
+        from microbatch.plan.aggregates import check_discarding_input
         from microbatch.plan.changelog_inputs import is_changelog_schema, refuse_upsert_topics
-        from microbatch.plan.schemas import check_columns, check_event_time_column
 
         schema = inputs[0]
         check_discarding_input(schema, self.window)
         if is_changelog_schema(schema):
             refuse_upsert_topics([str(s.describe().get("format")) for s in self.child.sources()])
         out: dict[str, pl.DataType] = {}
-        if self.window is not None:
-            check_event_time_column(schema, self.window.column, "group_by window")
-            out["window_start"] = out["window_end"] = schema[self.window.column]
-        check_columns(schema, self.keys, "group_by")
-        check_columns(schema, [a.column for a in self.aggs if a.column], "agg")
-        out.update({k: schema[k] for k in self.keys})
-        frame = schema.to_frame().with_columns(pl.lit(0, pl.Int64).alias(TIME))
-        partials = frame.select([e for a in self.aggs for e in a.partials(schema)])
-        out.update(partials.select([a.finalize() for a in self.aggs]).schema)
+        out.update(grouped_schema(schema, self.window, self.keys, self.aggs))
         return pl.Schema(out)
 
     def check_output_mode(self, mode: str) -> None:
