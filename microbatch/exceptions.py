@@ -31,6 +31,7 @@ __all__ = [
     "MicrobatchError",
     "PlanError",
     "QueryTerminatedError",
+    "SQLError",
     "SourceError",
     "StateBudgetExceededError",
     "TransformError",
@@ -75,6 +76,34 @@ class UnknownColumnError(PlanError):
 
 def _unknown_column_error(message: str, column: str, candidates: list[str]) -> UnknownColumnError:
     return UnknownColumnError(message, column=column, candidates=candidates)
+
+
+class SQLError(PlanError):
+    """A SQL text cannot be parsed, or names a construct the engine cannot run
+    incrementally; refused when the query is built, never a wrong result.
+
+    ``line`` and ``column`` (1-based) point at the construct in the SQL text,
+    ``construct`` names it (``"CUMULATE"``, ``"ORDER BY"``, ``"syntax"``) and
+    ``fix`` says what to write instead. The message carries all four."""
+
+    def __init__(self, problem: str, *, line: int, column: int, construct: str, fix: str) -> None:
+        super().__init__(f"SQL line {line}, column {column}: {construct}: {problem} {fix}".rstrip())
+        self.problem = problem
+        self.line = line
+        self.column = column
+        self.construct = construct
+        self.fix = fix
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with the keyword fields (a query's error may cross processes)."""
+        return (
+            _sql_error,
+            (self.problem, self.line, self.column, self.construct, self.fix),
+        )
+
+
+def _sql_error(problem: str, line: int, column: int, construct: str, fix: str) -> SQLError:
+    return SQLError(problem, line=line, column=column, construct=construct, fix=fix)
 
 
 class DurationError(PlanError):
