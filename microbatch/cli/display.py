@@ -71,7 +71,13 @@ class RunStats:
 
 
 class BatchLines:
-    """Not a terminal: one plain line per batch on stderr, no colours, no redraws."""
+    """Not a terminal: one plain line per batch on stderr, no colours, no redraws.
+
+    ``prefix`` starts every line (``microbatch sql`` names the query when a
+    script runs several)."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
 
     def __enter__(self) -> BatchLines:
         return self
@@ -84,7 +90,7 @@ class BatchLines:
         steps = " ".join(f"{s}={durations[s]:.0f}" for s in STEPS if s in durations)
         rate = row_rate(record)
         line = (
-            f"{fmt_ms_time(record['timestamp_ms'])} batch {record['batch_id']}: "
+            f"{self.prefix}{fmt_ms_time(record['timestamp_ms'])} batch {record['batch_id']}: "
             f"{record['input_rows']} rows in, {record['output_rows']} rows out, "
             f"{'-' if rate is None else f'{rate:.0f}'} rows/s, "
             f"{durations.get('total', 0):.0f} ms ({steps})"

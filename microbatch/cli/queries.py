@@ -11,7 +11,7 @@ import time
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import typer
 from rich.markup import escape
@@ -57,6 +57,13 @@ class DurabilityOption(StrEnum):
     process = "process"
 
 
+class Stoppable(Protocol):
+    """What a signal stops: a query, or several (``microbatch sql``)."""
+
+    def request_stop(self) -> None:
+        """Stop after the batch in flight is committed."""
+
+
 class StopOnSignal:
     """First SIGINT/SIGTERM: graceful stop (then exit 130 for SIGINT, 0 for
     SIGTERM); second: ``os._exit(130)`` at once.
@@ -66,7 +73,7 @@ class StopOnSignal:
     """
 
     def __init__(self) -> None:
-        self.query: StreamingQuery | None = None
+        self.query: Stoppable | None = None
         self.reason: str | None = None
         """Why a stop was requested (``"SIGTERM"``, ``"20s elapsed"``), or ``None``."""
         self.announced = False
@@ -82,7 +89,7 @@ class StopOnSignal:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
-    def attach(self, query: StreamingQuery) -> None:
+    def attach(self, query: Stoppable) -> None:
         """Follow ``query``; stop it at once if a signal came while it was starting."""
         self.query = query
         if self.reason is not None:
