@@ -37,6 +37,7 @@ from sqlglot import exp
 
 from microbatch.api.stream import Stream
 from microbatch.api.writer import DataStreamWriter
+from microbatch.exceptions import SQLError
 from microbatch.sql.positions import script_error
 
 __all__ = [
@@ -321,9 +322,17 @@ class TableDef:
         taken = set().union(*(set(o) for o in CONNECTORS[connector].values()))
         table = cls(name, connector, dict(options), columns, watermark, line, column, locate)
         table._check_names(taken, "either role")
-        for role in CONNECTORS[connector]:
-            # values convert whatever the role; a role's own names are checked on use
-            table._converted(role, only_known=True)
+        for option in table.options.values():
+            # a value must convert for some role taking it; each role checks its own on use
+            roles = [r for r, names in CONNECTORS[connector].items() if option.name in names]
+            errors = []
+            for role in roles:
+                try:
+                    table._converted(role, only_known=True, names={option.name})
+                except SQLError as exc:
+                    errors.append(exc)
+            if roles and len(errors) == len(roles):
+                raise errors[0]
         return table
 
     # -------------------------------------------------------------- roles
@@ -394,10 +403,13 @@ class TableDef:
                 line=option.line, column=option.column, construct=f"'{option.name}'",
             )
 
-    def _converted(self, role: Role, *, only_known: bool) -> dict[str, Any]:
+    def _converted(self, role: Role, *, only_known: bool,
+                   names: set[str] | None = None) -> dict[str, Any]:
         converters = CONNECTORS[self.connector][role]
         kwargs: dict[str, Any] = {}
         for option in self.options.values():
+            if names is not None and option.name not in names:
+                continue
             convert = converters.get(option.name)
             if option.name == "connector" or (convert is None and only_known):
                 continue
