@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from difflib import get_close_matches
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 from sqlglot import exp
@@ -129,13 +129,11 @@ class _Translator:
             )
         if isinstance(node, exp.AggFunc):
             raise self.error(node, node.key.upper(), "an aggregate outside GROUP BY context.", "")
+        if isinstance(node, exp.Column):
+            return pl.col(self.resolve(node, scope))
         copy = node.copy()
         for column in list(copy.find_all(exp.Column)):
-            original = column
-            name = self.resolve(original, scope)
-            column.replace(exp.column(name, quoted=True))
-        if isinstance(copy, exp.Column):
-            return pl.col(copy.name)
+            column.replace(exp.column(self.resolve(column, scope), quoted=True))
         sql = copy.sql(dialect="duckdb")
         try:
             return pl.sql_expr(sql)
@@ -318,8 +316,11 @@ class _Translator:
         qualifier = right.alias_or_name
         right_scope = _Scope(right_schema, {qualifier: {c: c for c in right_schema}})
         left_on, right_on = self.equi_keys(join, scope, right_scope, qualifier)
-        joined = stream.join_static(
-            table, left_on=left_on, right_on=right_on, how="left" if side == "LEFT" else "inner"
+        how: Literal["inner", "left"] = "left" if side == "LEFT" else "inner"
+        joined = (
+            stream.join_static(table, on=left_on, how=how)  # the Python API's plan
+            if left_on == right_on
+            else stream.join_static(table, left_on=left_on, right_on=right_on, how=how)
         )
         out = joined.schema
         rename: dict[str, str] = dict(zip(right_on, left_on, strict=True))
