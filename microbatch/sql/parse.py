@@ -88,7 +88,8 @@ def position(node: exp.Expr, text: str, *, keyword: str | None = None) -> tuple[
     """The 1-based (line, column) where ``node`` starts in ``text``: the earliest
     token under it that the parser located (``(1, 1)`` when none was). With
     ``keyword`` (a clause's first word, e.g. ``"ORDER"``, which the parser does
-    not locate), the last occurrence of that word before it."""
+    not locate), the last occurrence of that word before it, or else the first
+    after it."""
     starts = [
         int(n.meta["start"])
         for n in node.walk()

@@ -218,6 +218,7 @@ class _Translator:
                 "cumulating windows have no operator in the engine yet.",
                 "Use HOP(TABLE t, DESCRIPTOR(ts), step, size) for overlapping windows, or "
                 "TUMBLE with the step as size and sum the windows downstream.",
+                keyword="CUMULATE",
             )
         expected = {"TUMBLE": 1, "HOP": 2, "SESSION": 1}[tvf.kind]
         if len(sizes) != expected:
@@ -263,6 +264,7 @@ class _Translator:
                 "a subquery in FROM is not translated.",
                 "Register the inner query as a stream (SQLContext.register(name, "
                 "ctx.sql(inner))) and select from it by name.",
+                keyword="SELECT",
             )
         if not isinstance(node, exp.Table):
             raise self.error(node, "FROM", f"{node.sql()} is not a stream.", "FROM <stream>.")
@@ -297,6 +299,7 @@ class _Translator:
                     else "Use the Python API's interval join (stream.join_interval(other, "
                     "on=..., left_time=..., lower=..., upper=...)), or join a static table."
                 ),
+                keyword="JOIN",
             )
         if name not in self.tables:
             self.source(right)  # raises: unknown name
@@ -308,6 +311,7 @@ class _Translator:
                 f"{side or kind} JOIN",
                 "a stream joins a static table as INNER or LEFT only.",
                 "Write JOIN or LEFT JOIN.",
+                keyword=side or kind,
             )
         table = self.tables[name]
         right_schema = StaticTable.of(table, None).known_schema()
@@ -382,6 +386,7 @@ class _Translator:
                 "WITH",
                 "common table expressions are not translated.",
                 "Register each part as a stream (SQLContext.register(name, ctx.sql(...))).",
+                keyword="WITH",
             )
         for key, fix in (
             ("order", "Sort the sink's table when you read it; a stream has no end to sort."),
@@ -406,6 +411,14 @@ class _Translator:
                 "Deduplicate with a time bound in the Python API: "
                 "stream.drop_duplicates(subset, within='1h').",
                 keyword="DISTINCT",
+            )
+        for window_call in select.find_all(exp.Window):
+            raise self.error(
+                window_call,
+                "OVER",
+                "window functions (OVER) have no incremental form on a stream.",
+                "Aggregate per event-time window with a window TVF and GROUP BY "
+                "window_start, window_end instead.",
             )
         for node in select.find_all(exp.AggFunc):
             if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
@@ -442,6 +455,7 @@ class _Translator:
                 tvf.kind,
                 "a window TVF without GROUP BY is not translated.",
                 "Aggregate it: GROUP BY window_start, window_end[, keys].",
+                keyword=tvf.kind,
             )
         if aggregated:
             return self.aggregate(select, stream, scope, tvf)
@@ -497,6 +511,7 @@ class _Translator:
                 "GROUP BY",
                 "a window TVF's aggregation groups by its window.",
                 "Write GROUP BY window_start, window_end[, keys].",
+                keyword="GROUP",
             )
         return keys, window_columns
 
@@ -513,6 +528,7 @@ class _Translator:
                     "SESSION",
                     f"sessions are partitioned by {partition} but grouped by {keys}.",
                     "Write the same keys in PARTITION BY and GROUP BY.",
+                    keyword="SESSION",
                 )
         self.check_grouped(select, scope, keys, window_columns)
         # The aggregates of SELECT and HAVING, each computed once.
@@ -579,7 +595,7 @@ class _Translator:
         """Every column of the SELECT list outside an aggregate is grouped by."""
         if not any(item.find(exp.AggFunc) for item in select.expressions):
             raise self.error(
-                select,
+                select.args.get("group") or select,
                 "GROUP BY",
                 "a GROUP BY without an aggregate is a SELECT DISTINCT: it keeps every key.",
                 "Add an aggregate (COUNT(*)), or deduplicate with a time bound in the Python "
