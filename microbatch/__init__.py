@@ -59,6 +59,7 @@ from microbatch.exceptions import (
 from microbatch.plan.stateful import StateInput, StateOutput
 from microbatch.plan.triggers import AvailableNow, Once, ProcessingTime
 from microbatch.plan.windows import session_window, window
+from microbatch.sql.context import SQLContext, sql
 
 _compat.install()
 
@@ -84,6 +85,7 @@ __all__ = [
     "ProcessingTime",
     "QueryTerminatedError",
     "RayExecutor",
+    "SQLContext",
     "SQLError",
     "SourceError",
     "StateBudgetExceededError",
@@ -103,6 +105,7 @@ __all__ = [
     "read_memory",
     "read_parquet_output",
     "session_window",
+    "sql",
     "table",
     "window",
 ]

@@ -31,6 +31,9 @@ MODULES = [
     "microbatch.api.writer",
     "microbatch.api.query",
     "microbatch.plan.windows",
+    "microbatch.sql.context",
+    "microbatch.sql.dialect",
+    "microbatch.sql.parse",
     "microbatch.testing",
     "sinks.memory",
 ]
@@ -91,6 +94,9 @@ DOCUMENTED = [
     "microbatch.api.query.StreamingQuery.recent_progress",
     "microbatch.api.query.StreamingQuery.explain",
     "microbatch.api.query.StreamingQuery.status",
+    # SQL
+    "microbatch.sql.context.sql",
+    "microbatch.sql.context.SQLContext",
 ]
 
 _KAFKA_CALL = r"\b(?:write_kafka|KafkaSink)\(.*"

@@ -75,6 +75,7 @@ class Stream:
         self._plan = plan
         self._late_sink = late_sink
         self._dead_letter_sink = dead_letter_sink
+        self._sql: str | None = None  # the SQL text this stream was built from (mb.sql)
 
     @property
     def plan(self) -> PlanNode:
@@ -1969,8 +1970,19 @@ class Stream:
     # ---------------------------------------------------------- inspection
 
     def explain(self) -> str:
-        """The plan as a tree, root first."""
+        """The plan as a tree, root first; for a stream built by ``mb.sql``, the SQL
+        text first, then the plan (under ``-- plan``)."""
+        if self._sql is not None:
+            return f"-- SQL\n{self._sql.strip()}\n-- plan\n{self._plan.explain()}"
         return self._plan.explain()
+
+    def _from_sql(self, text: str) -> Stream:
+        """This stream, remembering the SQL it was built from (for ``explain``)."""
+        stream = Stream(
+            self._plan, late_sink=self._late_sink, dead_letter_sink=self._dead_letter_sink
+        )
+        stream._sql = text
+        return stream
 
     def preview(self, n: int = 10) -> pl.DataFrame:
         """Run the plan on the first batch of each source, without a checkpoint.

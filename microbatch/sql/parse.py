@@ -84,21 +84,40 @@ def _token_error_offset(err: TokenError) -> int:
     return start + 50 if start else 0
 
 
-def position(node: exp.Expr, text: str) -> tuple[int, int]:
+def position(node: exp.Expr, text: str, *, keyword: str | None = None) -> tuple[int, int]:
     """The 1-based (line, column) where ``node`` starts in ``text``: the earliest
-    token under it that the parser located (``(1, 1)`` when none was)."""
+    token under it that the parser located (``(1, 1)`` when none was). With
+    ``keyword`` (a clause's first word, e.g. ``"ORDER"``, which the parser does
+    not locate), the last occurrence of that word before it, or else the first
+    after it."""
     starts = [
         int(n.meta["start"])
         for n in node.walk()
         if isinstance(n, exp.Expr) and isinstance(n.meta.get("start"), int)
     ]
-    return line_column(text, min(starts)) if starts else (1, 1)
+    offset = min(starts) if starts else None
+    if keyword is not None:
+        end = offset if offset is not None else len(text)
+        found = [
+            m.start() for m in re.finditer(rf"\b{re.escape(keyword)}\b", text[:end], re.IGNORECASE)
+        ]
+        if found:
+            offset = found[-1]
+    return line_column(text, offset) if offset is not None else (1, 1)
 
 
-def refuse(node: exp.Expr, text: str, *, construct: str, problem: str, fix: str) -> SQLError:
+def refuse(
+    node: exp.Expr,
+    text: str,
+    *,
+    construct: str,
+    problem: str,
+    fix: str,
+    keyword: str | None = None,
+) -> SQLError:
     """A :class:`~microbatch.exceptions.SQLError` about ``node`` in ``text``
-    (its line and column), to ``raise``."""
-    line, column = position(node, text)
+    (its line and column; see :func:`position` for ``keyword``), to ``raise``."""
+    line, column = position(node, text, keyword=keyword)
     return SQLError(problem, line=line, column=column, construct=construct, fix=fix)
 
 

@@ -1,0 +1,676 @@
+"""A SELECT onto the Python API's plan: the same nodes, operators and state.
+
+Stateless SQL (projection, ``WHERE``, ``CASE``, casts, the functions Polars
+SQL supports) becomes ``filter``/``select`` steps whose expressions are
+``pl.sql_expr`` of the SQL text; a window TVF with ``GROUP BY window_start,
+window_end, keys`` becomes ``group_by(mb.window(...) | mb.session_window(...),
+keys).agg(...)``, ``HAVING`` a ``filter`` after it, a ``JOIN`` with a static
+table ``join_static``. Everything else is refused here, when the query is
+built, with a :class:`~microbatch.exceptions.SQLError` naming the construct,
+its line and column, and what to write instead (docs/sql.md, "Queries").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from difflib import get_close_matches
+from typing import Any, Literal
+
+import polars as pl
+from sqlglot import exp
+
+from microbatch.api.stream import Stream
+from microbatch.plan.joins import StaticTable
+from microbatch.plan.nodes import WatermarkNode
+from microbatch.plan.windows import session_window, window
+from microbatch.sql.dialect import WindowTVF
+from microbatch.sql.parse import refuse
+
+__all__ = ["StaticInput", "translate_select"]
+
+StaticInput = pl.DataFrame | str | os.PathLike[str]
+"""A static table SQL can join: a DataFrame, or a Parquet or Delta table path."""
+
+_UNITS = {
+    "MILLISECOND": "ms",
+    "SECOND": "s",
+    "MINUTE": "m",
+    "HOUR": "h",
+    "DAY": "d",
+}
+_AGGS: dict[type[exp.Expr], str] = {
+    exp.Sum: "sum",
+    exp.Min: "min",
+    exp.Max: "max",
+    exp.Avg: "mean",
+    exp.FirstValue: "first",
+    exp.First: "first",
+    exp.LastValue: "last",
+    exp.Last: "last",
+}
+_WINDOW_COLUMNS = ("window_start", "window_end")
+
+
+@dataclass
+class _Scope:
+    """The columns a query's expressions may name: ``schema`` (the stream's
+    current columns) and, per table alias, its SQL names to stream columns."""
+
+    schema: pl.Schema
+    qualified: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+class _Translator:
+    def __init__(
+        self, text: str, streams: Mapping[str, Stream], tables: Mapping[str, StaticInput]
+    ) -> None:
+        self.text = text
+        self.streams = streams
+        self.tables = tables
+
+    # ------------------------------------------------------------ helpers
+
+    def error(
+        self, node: exp.Expr, construct: str, problem: str, fix: str, keyword: str | None = None
+    ) -> Exception:
+        return refuse(
+            node, self.text, construct=construct, problem=problem, fix=fix, keyword=keyword
+        )
+
+    def resolve(self, column: exp.Column, scope: _Scope) -> str:
+        """The stream column a SQL column reference names."""
+        name = column.name
+        qualifier = column.table
+        if qualifier:
+            names = scope.qualified.get(qualifier)
+            if names is None:
+                raise self.error(
+                    column,
+                    "column",
+                    f"{qualifier!r} is not a table of this query's FROM.",
+                    f"Use one of {sorted(scope.qualified)} (or no qualifier).",
+                )
+            if name in names:
+                return names[name]
+            candidates = list(names)
+        else:
+            if name in scope.schema:
+                return name
+            candidates = list(scope.schema)
+        close = get_close_matches(name, candidates, n=3)
+        hint = f" Did you mean {close}?" if close else ""
+        raise self.error(
+            column,
+            "column",
+            f"no column {name!r}; the input has {candidates}.{hint}",
+            "Name an existing column.",
+        )
+
+    def expr(self, node: exp.Expr, scope: _Scope) -> pl.Expr:
+        """``node`` as a Polars expression: its columns resolved against ``scope``,
+        then the SQL text handed to ``pl.sql_expr``."""
+        for bad in node.find_all(exp.Subquery, exp.Select, exp.Window):
+            if isinstance(bad, exp.Window):
+                raise self.error(
+                    bad,
+                    "OVER",
+                    "window functions (OVER) have no incremental form on a stream.",
+                    "Aggregate per event-time window with a window TVF and GROUP BY "
+                    "window_start, window_end instead.",
+                )
+            raise self.error(
+                bad,
+                "subquery",
+                "a subquery inside an expression is not translated.",
+                "Join the table instead, or register the inner query as a stream "
+                "(SQLContext.register(name, ctx.sql(inner))) and select from it.",
+            )
+        if isinstance(node, exp.AggFunc):
+            raise self.error(node, node.key.upper(), "an aggregate outside GROUP BY context.", "")
+        if isinstance(node, exp.Column):
+            return pl.col(self.resolve(node, scope))
+        copy = node.copy()
+        for column in list(copy.find_all(exp.Column)):
+            column.replace(exp.column(self.resolve(column, scope), quoted=True))
+        sql = copy.sql(dialect="duckdb")
+        try:
+            return pl.sql_expr(sql)
+        except Exception as err:  # Polars' SQL errors have no common base worth naming
+            raise self.error(
+                node,
+                "expression",
+                f"Polars SQL cannot translate {sql!r}: {err}.",
+                "Use a function Polars SQL supports (docs.pola.rs, SQL functions).",
+            ) from None
+
+    def output_name(self, item: exp.Expr, value: pl.Expr) -> str:
+        if isinstance(item, exp.Alias):
+            return item.alias
+        if isinstance(item, exp.Column):
+            return item.name
+        name = value.meta.output_name(raise_if_undetermined=False)
+        if not name or name == "literal":
+            raise self.error(
+                item,
+                "SELECT",
+                "this expression has no name of its own.",
+                "Name it: <expression> AS name.",
+            )
+        return name
+
+    def duration(self, node: exp.Expr, what: str) -> str:
+        """An ``INTERVAL 'n' UNIT`` literal as a duration string (``"10s"``)."""
+        if isinstance(node, exp.Interval) and node.unit is not None:
+            unit = node.unit.name.upper().removesuffix("S")
+            amount = node.this.name if node.this is not None else ""
+            if unit in _UNITS and amount.isdigit():
+                return f"{int(amount)}{_UNITS[unit]}"
+        raise self.error(
+            node,
+            what,
+            f"expected an interval such as INTERVAL '10' SECOND, got {node.sql()!r}.",
+            "Write INTERVAL 'n' MILLISECOND|SECOND|MINUTE|HOUR|DAY (plural forms too).",
+        )
+
+    # ------------------------------------------------------------ FROM
+
+    def source(self, table: exp.Table) -> tuple[Stream, str]:
+        """The registered stream a FROM table names, and its qualifier."""
+        name = table.name
+        if name not in self.streams:
+            if name in self.tables:
+                raise self.error(
+                    table,
+                    "FROM",
+                    f"{name!r} is a static table; a query reads a stream.",
+                    "Select from a stream and JOIN the static table to it.",
+                )
+            raise self.error(
+                table,
+                "FROM",
+                f"no stream or table named {name!r}; registered: "
+                f"{sorted([*self.streams, *self.tables])}.",
+                "Register it first (mb.sql(query, name=stream) or SQLContext.register).",
+            )
+        return self.streams[name], table.alias_or_name
+
+    def window_of(self, tvf: WindowTVF, stream: Stream) -> Any:
+        time = tvf.args["descriptor"].name
+        if not any(
+            isinstance(node, WatermarkNode) and node.spec.column == time
+            for node in stream.plan.walk()
+        ):
+            raise self.error(
+                tvf.args["descriptor"],
+                tvf.kind,
+                f"the window's time column {time!r} has no watermark, so no window would "
+                "ever close.",
+                f"Declare one: register stream.with_watermark({time!r}, '10s'), or write "
+                f"WATERMARK FOR {time} AS {time} - INTERVAL '10' SECOND in its CREATE TABLE.",
+            )
+        sizes = tvf.expressions
+        if tvf.kind == "CUMULATE":
+            raise self.error(
+                tvf,
+                "CUMULATE",
+                "cumulating windows have no operator in the engine yet.",
+                "Use HOP(TABLE t, DESCRIPTOR(ts), step, size) for overlapping windows, or "
+                "TUMBLE with the step as size and sum the windows downstream.",
+                keyword="CUMULATE",
+            )
+        expected = {"TUMBLE": 1, "HOP": 2, "SESSION": 1}[tvf.kind]
+        if len(sizes) != expected:
+            raise self.error(
+                tvf,
+                tvf.kind,
+                f"{tvf.kind} takes {expected} interval(s), got {len(sizes)}.",
+                "HOP takes the slide then the size (Flink's order); TUMBLE a size; SESSION a gap.",
+            )
+        if tvf.kind == "TUMBLE":
+            return window(time, self.duration(sizes[0], "TUMBLE size"))
+        if tvf.kind == "HOP":
+            slide = self.duration(sizes[0], "HOP slide")
+            size = self.duration(sizes[1], "HOP size")
+            return window(time, size, slide=slide)
+        return session_window(time, self.duration(sizes[0], "SESSION gap"))
+
+    def from_clause(self, select: exp.Select) -> tuple[Stream, _Scope, WindowTVF | None]:
+        from_ = select.args.get("from_")
+        if from_ is None:
+            raise self.error(select, "FROM", "a query needs a FROM stream.", "Add FROM <stream>.")
+        node = from_.this
+        tvf: WindowTVF | None = None
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Anonymous):
+            inner = node.this.expressions
+            if (
+                node.this.name.upper() == "TABLE"
+                and len(inner) == 1
+                and isinstance(inner[0], WindowTVF)
+            ):
+                tvf = inner[0]
+            else:
+                raise self.error(
+                    node,
+                    "FROM",
+                    f"table function {node.this.sql()} is not supported.",
+                    "Use TABLE(TUMBLE|HOP|SESSION(TABLE t, DESCRIPTOR(ts), ...)) or a stream.",
+                )
+        if isinstance(node, exp.Subquery | exp.Select):
+            raise self.error(
+                node,
+                "subquery",
+                "a subquery in FROM is not translated.",
+                "Register the inner query as a stream (SQLContext.register(name, "
+                "ctx.sql(inner))) and select from it by name.",
+                keyword="SELECT",
+            )
+        if not isinstance(node, exp.Table):
+            raise self.error(node, "FROM", f"{node.sql()} is not a stream.", "FROM <stream>.")
+        table = tvf.this if tvf is not None else node
+        stream, qualifier = self.source(table)
+        if tvf is not None and node.alias:
+            qualifier = node.alias
+        schema = stream.schema
+        scope = _Scope(schema, {qualifier: {c: c for c in schema}})
+        if table.name != qualifier:
+            scope.qualified.setdefault(table.name, {c: c for c in schema})
+        return stream, scope, tvf
+
+    def join(self, stream: Stream, scope: _Scope, join: exp.Join) -> tuple[Stream, _Scope]:
+        right = join.this
+        if not isinstance(right, exp.Table) or not isinstance(right.this, exp.Identifier):
+            raise self.error(right, "JOIN", "only a named table can be joined.", "JOIN <table>.")
+        name = right.name
+        if name in self.streams:
+            temporal = right.args.get("version") is not None
+            raise self.error(
+                join,
+                "temporal JOIN" if temporal else "JOIN",
+                (
+                    "a temporal join against a stream of versions is not translated yet."
+                    if temporal
+                    else "a join of two streams without a time bound needs unbounded state."
+                ),
+                (
+                    "Use the Python API: stream.join_asof_table(dim, on=..., time=...)."
+                    if temporal
+                    else "Use the Python API's interval join (stream.join_interval(other, "
+                    "on=..., left_time=..., lower=..., upper=...)), or join a static table."
+                ),
+                keyword="JOIN",
+            )
+        if name not in self.tables:
+            self.source(right)  # raises: unknown name
+        side = (join.side or "").upper()
+        kind = (join.kind or "").upper()
+        if side not in ("", "LEFT") or kind not in ("", "INNER", "OUTER"):
+            raise self.error(
+                join,
+                f"{side or kind} JOIN",
+                "a stream joins a static table as INNER or LEFT only.",
+                "Write JOIN or LEFT JOIN.",
+                keyword=side or kind,
+            )
+        table = self.tables[name]
+        right_schema = StaticTable.of(table, None).known_schema()
+        if right_schema is None:
+            raise self.error(right, "JOIN", f"the schema of {name!r} is unknown.", "")
+        qualifier = right.alias_or_name
+        right_scope = _Scope(right_schema, {qualifier: {c: c for c in right_schema}})
+        left_on, right_on = self.equi_keys(join, scope, right_scope, qualifier)
+        how: Literal["inner", "left"] = "left" if side == "LEFT" else "inner"
+        joined = (
+            stream.join_static(table, on=left_on, how=how)  # the Python API's plan
+            if left_on == right_on
+            else stream.join_static(table, left_on=left_on, right_on=right_on, how=how)
+        )
+        out = joined.schema
+        rename: dict[str, str] = dict(zip(right_on, left_on, strict=True))
+        for column in right_schema:
+            if column in rename:
+                continue
+            rename[column] = column if column not in scope.schema else f"{column}_right"
+        qualified = {**scope.qualified, qualifier: rename}
+        return joined, _Scope(out, qualified)
+
+    def equi_keys(
+        self, join: exp.Join, left: _Scope, right: _Scope, right_name: str
+    ) -> tuple[list[str], list[str]]:
+        condition = join.args.get("on")
+        if condition is None:
+            raise self.error(join, "JOIN", "a join needs ON keys.", "Write ON a.k = b.k.")
+        conjuncts = list(condition.flatten()) if isinstance(condition, exp.And) else [condition]
+        left_on: list[str] = []
+        right_on: list[str] = []
+        for eq in conjuncts:
+            if not (
+                isinstance(eq, exp.EQ)
+                and isinstance(eq.this, exp.Column)
+                and isinstance(eq.expression, exp.Column)
+            ):
+                raise self.error(
+                    eq,
+                    "JOIN ON",
+                    "a static join's condition is equalities of columns joined by AND.",
+                    "Move other conditions to WHERE.",
+                )
+            a, b = eq.this, eq.expression
+            if a.table == right_name:
+                a, b = b, a
+            if b.table != right_name:
+                raise self.error(
+                    eq,
+                    "JOIN ON",
+                    f"one side of each equality must name {right_name!r}.",
+                    f"Qualify the columns: ON s.k = {right_name}.k.",
+                )
+            left_on.append(self.resolve(a, left))
+            right_on.append(self.resolve(b, right))
+        return left_on, right_on
+
+    # ------------------------------------------------------------ SELECT
+
+    def refuse_unsupported(self, select: exp.Expr) -> None:
+        if not isinstance(select, exp.Select):
+            raise self.error(
+                select,
+                select.key.upper(),
+                "only a SELECT query becomes a stream.",
+                "Write SELECT ... FROM <stream>; combine streams in the Python API.",
+            )
+        if select.args.get("with_"):
+            raise self.error(
+                select.args["with_"],
+                "WITH",
+                "common table expressions are not translated.",
+                "Register each part as a stream (SQLContext.register(name, ctx.sql(...))).",
+                keyword="WITH",
+            )
+        for key, fix in (
+            ("order", "Sort the sink's table when you read it; a stream has no end to sort."),
+            ("limit", "Filter with WHERE, or read the first rows from the sink's table."),
+            ("offset", "Filter with WHERE instead."),
+        ):
+            node = select.args.get(key)
+            if node is not None:
+                construct = {"order": "ORDER BY", "limit": "LIMIT", "offset": "OFFSET"}[key]
+                raise self.error(
+                    node,
+                    construct,
+                    f"{construct} on an unbounded stream never completes.",
+                    fix,
+                    keyword=construct.split()[0],
+                )
+        if select.args.get("distinct"):
+            raise self.error(
+                select.args["distinct"],
+                "DISTINCT",
+                "SELECT DISTINCT on a stream keeps every row ever seen.",
+                "Deduplicate with a time bound in the Python API: "
+                "stream.drop_duplicates(subset, within='1h').",
+                keyword="DISTINCT",
+            )
+        for window_call in select.find_all(exp.Window):
+            raise self.error(
+                window_call,
+                "OVER",
+                "window functions (OVER) have no incremental form on a stream.",
+                "Aggregate per event-time window with a window TVF and GROUP BY "
+                "window_start, window_end instead.",
+            )
+        for node in select.find_all(exp.AggFunc):
+            if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
+                raise self.error(
+                    node,
+                    "COUNT(DISTINCT)",
+                    "a distinct count has no incremental form in constant state.",
+                    "Count per key: GROUP BY the key first, or use COUNT(*).",
+                )
+            if not isinstance(node, exp.Count) and type(node) not in _AGGS:
+                raise self.error(
+                    node,
+                    node.key.upper(),
+                    "this aggregate has no incremental form in the engine.",
+                    "Use COUNT, SUM, MIN, MAX, AVG, FIRST_VALUE or LAST_VALUE, and compute "
+                    "other values from them in the SELECT list.",
+                )
+
+    def translate(self, select: exp.Expr) -> Stream:
+        self.refuse_unsupported(select)
+        assert isinstance(select, exp.Select)
+        stream, scope, tvf = self.from_clause(select)
+        for join in select.args.get("joins") or []:
+            stream, scope = self.join(stream, scope, join)
+        where = select.args.get("where")
+        if where is not None:
+            stream = stream.filter(self.expr(where.this, scope))
+        aggregated = select.args.get("group") is not None or any(
+            item.find(exp.AggFunc) for item in select.expressions
+        )
+        if tvf is not None and not aggregated:
+            raise self.error(
+                tvf,
+                tvf.kind,
+                "a window TVF without GROUP BY is not translated.",
+                "Aggregate it: GROUP BY window_start, window_end[, keys].",
+                keyword=tvf.kind,
+            )
+        if aggregated:
+            return self.aggregate(select, stream, scope, tvf)
+        if select.args.get("having") is not None:
+            raise self.error(select.args["having"], "HAVING", "HAVING needs GROUP BY.", "")
+        return self.project(select, stream, scope)
+
+    def project(self, select: exp.Select, stream: Stream, scope: _Scope) -> Stream:
+        items = select.expressions
+        if len(items) == 1 and isinstance(items[0], exp.Star):
+            return stream
+        stars = [i for i in items if isinstance(i, exp.Star)]
+        if stars:
+            raise self.error(
+                stars[0], "*", "* mixed with other columns is not translated.", "List them."
+            )
+        exprs = []
+        names: set[str] = set()
+        for item in items:
+            value = self.expr(item.this if isinstance(item, exp.Alias) else item, scope)
+            name = self.output_name(item, value)
+            if name in names:
+                raise self.error(
+                    item, "SELECT", f"two output columns are named {name!r}.", "Rename with AS."
+                )
+            names.add(name)
+            exprs.append(value.alias(name))
+        return stream.select(*exprs)
+
+    def group_keys(
+        self, select: exp.Select, scope: _Scope, tvf: WindowTVF | None
+    ) -> tuple[list[str], list[str]]:
+        """The GROUP BY's key columns, and the window columns it names."""
+        group = select.args.get("group")
+        group_items = list(group.expressions) if group is not None else []
+        keys: list[str] = []
+        window_columns: list[str] = []
+        for item in group_items:
+            if not isinstance(item, exp.Column):
+                raise self.error(
+                    item,
+                    "GROUP BY",
+                    "only columns can be grouped by.",
+                    "Group by a column: compute it in a registered stream with with_columns first.",
+                )
+            if tvf is not None and item.name in _WINDOW_COLUMNS:
+                window_columns.append(item.name)
+            else:
+                keys.append(self.resolve(item, scope))
+        if tvf is not None and sorted(window_columns) != sorted(_WINDOW_COLUMNS):
+            raise self.error(
+                group if group is not None else tvf,
+                "GROUP BY",
+                "a window TVF's aggregation groups by its window.",
+                "Write GROUP BY window_start, window_end[, keys].",
+                keyword="GROUP",
+            )
+        return keys, window_columns
+
+    def aggregate(
+        self, select: exp.Select, stream: Stream, scope: _Scope, tvf: WindowTVF | None
+    ) -> Stream:
+        keys, window_columns = self.group_keys(select, scope, tvf)
+        spec = self.window_of(tvf, stream) if tvf is not None else None
+        if tvf is not None and tvf.kind == "SESSION":
+            partition = [self.resolve(c, scope) for c in tvf.args.get("partition_by") or []]
+            if sorted(partition) != sorted(keys):
+                raise self.error(
+                    tvf,
+                    "SESSION",
+                    f"sessions are partitioned by {partition} but grouped by {keys}.",
+                    "Write the same keys in PARTITION BY and GROUP BY.",
+                    keyword="SESSION",
+                )
+        self.check_grouped(select, scope, keys, window_columns)
+        # The aggregates of SELECT and HAVING, each computed once.
+        aggs: dict[str, tuple[exp.AggFunc, str]] = {}
+        pre: list[pl.Expr] = []
+        agg_exprs: list[pl.Expr] = []
+        direct: dict[int, str] = {}
+        for index, item in enumerate(select.expressions):
+            inner = item.this if isinstance(item, exp.Alias) else item
+            if isinstance(inner, exp.AggFunc):
+                direct[index] = self.output_name(item, self.agg_expr(inner, scope, None, []))
+        having = select.args.get("having")
+        sources = [*select.expressions, *([having.this] if having is not None else [])]
+        for node in (a for s in sources for a in s.find_all(exp.AggFunc)):
+            sql = node.sql()
+            if sql in aggs:
+                continue
+            owner = next(
+                (
+                    direct[i]
+                    for i, it in enumerate(select.expressions)
+                    if i in direct and (it.this if isinstance(it, exp.Alias) else it) is node
+                ),
+                None,
+            )
+            name = owner if owner is not None else f"__sql_agg{len(aggs)}"
+            if name in keys or name in _WINDOW_COLUMNS or name in (n for _, n in aggs.values()):
+                name = f"__sql_agg{len(aggs)}"
+            aggs[sql] = (node, name)
+            agg_exprs.append(self.agg_expr(node, scope, name, pre))
+        if pre:
+            stream = stream.with_columns(*pre)
+        by: list[Any] = [spec] if spec is not None else []
+        grouped = stream.group_by(*by, *keys).agg(*agg_exprs)
+        out_scope = _Scope(grouped.schema)
+        if having is not None:
+            grouped = grouped.filter(self.expr(self.over_aggs(having.this, aggs, scope), out_scope))
+        # The SELECT list over the aggregation's columns.
+        exprs: list[pl.Expr] = []
+        names: list[str] = []
+        for index, item in enumerate(select.expressions):
+            if isinstance(item, exp.Star):
+                raise self.error(item, "*", "SELECT * with GROUP BY.", "List the columns.")
+            inner = item.this if isinstance(item, exp.Alias) else item
+            rewritten = self.over_aggs(inner, aggs, scope)
+            value = self.expr(rewritten, out_scope)
+            name = direct.get(index) or self.output_name(item, value)
+            if name in names:
+                raise self.error(
+                    item, "SELECT", f"two output columns are named {name!r}.", "Rename with AS."
+                )
+            names.append(name)
+            exprs.append(value.alias(name))
+        if names == list(grouped.schema) and all(
+            isinstance(i.this if isinstance(i, exp.Alias) else i, exp.Column | exp.AggFunc)
+            for i in select.expressions
+        ):
+            return grouped  # the aggregation's own columns, in its order: no extra step
+        return grouped.select(*exprs)
+
+    def check_grouped(
+        self, select: exp.Select, scope: _Scope, keys: list[str], window_columns: list[str]
+    ) -> None:
+        """Every column of the SELECT list outside an aggregate is grouped by."""
+        if not any(item.find(exp.AggFunc) for item in select.expressions):
+            raise self.error(
+                select.args.get("group") or select,
+                "GROUP BY",
+                "a GROUP BY without an aggregate is a SELECT DISTINCT: it keeps every key.",
+                "Add an aggregate (COUNT(*)), or deduplicate with a time bound in the Python "
+                "API: stream.drop_duplicates(subset, within='1h').",
+                keyword="GROUP",
+            )
+        for item in select.expressions:
+            inner = item.this if isinstance(item, exp.Alias) else item
+            for column in inner.find_all(exp.Column):
+                if column.find_ancestor(exp.AggFunc) is not None:
+                    continue
+                if column.name in window_columns and not column.table:
+                    continue
+                if self.resolve(column, scope) not in keys:
+                    raise self.error(
+                        column,
+                        "GROUP BY",
+                        f"{column.sql()!r} is neither grouped by nor aggregated.",
+                        "Add it to GROUP BY or aggregate it (e.g. LAST_VALUE(col)).",
+                    )
+
+    def over_aggs(
+        self, node: exp.Expr, aggs: Mapping[str, tuple[exp.AggFunc, str]], scope: _Scope
+    ) -> exp.Expr:
+        """``node`` over the aggregation's output: each aggregate replaced by its
+        column, each other column by the name it has there (qualifiers dropped)."""
+
+        def swap(n: exp.Expr) -> exp.Expr:
+            if isinstance(n, exp.AggFunc):
+                return exp.column(aggs[n.sql()][1], quoted=True)
+            if isinstance(n, exp.Column):
+                if n.name in _WINDOW_COLUMNS and not n.table:
+                    return exp.column(n.name, quoted=True)
+                return exp.column(self.resolve(n, scope), quoted=True)
+            return n
+
+        return node.transform(swap)
+
+    def agg_expr(
+        self, node: exp.AggFunc, scope: _Scope, name: str | None, pre: list[pl.Expr]
+    ) -> pl.Expr:
+        """The engine aggregation for ``node``; an argument that is not a column is
+        computed first as a hidden column (appended to ``pre``)."""
+        if isinstance(node, exp.Count) and isinstance(node.this, exp.Star):
+            value = pl.len()
+        else:
+            arg = node.this
+            if isinstance(arg, exp.Column):
+                column = pl.col(self.resolve(arg, scope))
+            elif arg is None:
+                raise self.error(node, node.key.upper(), "needs an argument.", "")
+            else:
+                hidden = f"__sql_arg{len(pre)}"
+                pre.append(self.expr(arg, scope).alias(hidden))
+                column = pl.col(hidden)
+            method = "count" if isinstance(node, exp.Count) else _AGGS[type(node)]
+            value = getattr(column, method)()
+        return value.alias(name) if name is not None else self._default_name(node, value)
+
+    def _default_name(self, node: exp.AggFunc, value: pl.Expr) -> pl.Expr:
+        # Polars SQL's naming: COUNT(*) -> "len", SUM(x) -> "x".
+        if isinstance(node, exp.Count) and isinstance(node.this, exp.Star):
+            return value.alias("len")
+        return value
+
+
+def translate_select(
+    select: exp.Expr,
+    text: str,
+    *,
+    streams: Mapping[str, Stream],
+    tables: Mapping[str, StaticInput] | None = None,
+) -> Stream:
+    """The ``Stream`` of one parsed SELECT (``select``, parsed from ``text``, which
+    refusals quote by line and column) over the registered ``streams`` and static
+    ``tables``. Raises :class:`~microbatch.exceptions.SQLError` for what has no
+    incremental form or is not translated."""
+    return _Translator(text, streams, tables or {}).translate(select)
