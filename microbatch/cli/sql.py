@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from microbatch.api.query import StreamingQuery
 from microbatch.cli import preflight
@@ -112,7 +113,7 @@ def sql(
             raise _query_failed(query, error, script)
     for index, (item, query, stats, _error) in enumerate(results):
         if len(results) > 1:
-            err.print(f"[{item.name}] ", end="")
+            err.print(escape(f"[{item.name}]"), end=" ")  # not rich markup
         if index < len(results) - 1:
             _finish_quietly(query, stats, stopper)
         else:

@@ -449,8 +449,8 @@ def table_options(create: exp.Create, locate: Locate) -> dict[str, Option]:
     properties = create.args.get("properties")
     options: dict[str, Option] = {}
     for prop in properties.expressions if properties is not None else []:
-        if not isinstance(prop, exp.Property):
-            continue
+        if not isinstance(prop, exp.Property) or isinstance(prop, exp.MaterializedProperty):
+            continue  # MATERIALIZED of CREATE MATERIALIZED VIEW is a property too
         key, value = prop.this, prop.args.get("value")
         line, column = locate(key if isinstance(key, exp.Expression) else prop)
         name = key.name if isinstance(key, exp.Expression) else str(key)

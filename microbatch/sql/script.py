@@ -48,7 +48,7 @@ from sqlglot import exp
 from sqlglot.tokenizer_core import Token, TokenType
 
 from microbatch.api.stream import Stream
-from microbatch.api.writer import DataStreamWriter
+from microbatch.api.writer import DataStreamWriter, output_keys
 from microbatch.exceptions import SQLError
 from microbatch.sql.ddl import TableDef, table_options
 from microbatch.sql.dialect import MicrobatchDialect
@@ -305,6 +305,8 @@ class _Compiler:
         stream = self._select(query, statement)
         options = table_options(tree, self._locate)
         mode = "update" if stream.is_aggregated else "append"
+        if mode == "update":
+            self._check_keys_kept(name, stream, query)
         if options:
             line, column = self._locate(target)
             sink = TableDef.from_options(name, options, line=line, column=column,
@@ -339,6 +341,18 @@ class _Compiler:
         self._add_query(name, writer, f"INSERT INTO {name}", target)
 
     # -------------------------------------------------------------- helpers
+
+    def _check_keys_kept(self, name: str, stream: Stream, query: exp.Query) -> None:
+        """An updating view upserts by its grouping keys (and window bounds): the
+        SELECT must keep them all, else no row could be replaced."""
+        missing = [k for k in output_keys(stream.plan) if k not in stream.schema]
+        if missing:
+            raise self._refuse(
+                query, construct=f"CREATE MATERIALIZED VIEW {name}",
+                problem=f"the view is kept up to date by upserting rows by "
+                        f"{', '.join(output_keys(stream.plan))}, but its SELECT drops "
+                        f"{', '.join(missing)}.",
+                fix=f"Select {', '.join(missing)} too.")
 
     def _new_name(self, name: str, node: exp.Expression, statement: _Statement) -> None:
         if name in self.tables or name in self.views:
