@@ -306,7 +306,7 @@ class _Compiler:
         options = table_options(tree, self._locate)
         mode = "update" if stream.is_aggregated else "append"
         if mode == "update":
-            self._check_keys_kept(name, stream, query)
+            self._check_keys_kept(name, stream, target)
         if options:
             line, column = self._locate(target)
             sink = TableDef.from_options(name, options, line=line, column=column,
@@ -342,13 +342,13 @@ class _Compiler:
 
     # -------------------------------------------------------------- helpers
 
-    def _check_keys_kept(self, name: str, stream: Stream, query: exp.Query) -> None:
+    def _check_keys_kept(self, name: str, stream: Stream, target: exp.Expression) -> None:
         """An updating view upserts by its grouping keys (and window bounds): the
         SELECT must keep them all, else no row could be replaced."""
         missing = [k for k in output_keys(stream.plan) if k not in stream.schema]
         if missing:
             raise self._refuse(
-                query, construct=f"CREATE MATERIALIZED VIEW {name}",
+                target, construct=f"CREATE MATERIALIZED VIEW {name}",
                 problem=f"the view is kept up to date by upserting rows by "
                         f"{', '.join(output_keys(stream.plan))}, but its SELECT drops "
                         f"{', '.join(missing)}.",

@@ -20,7 +20,7 @@ from microbatch.sql.ddl import TableDef
 from microbatch.sql.params import substitute
 from microbatch.sql.parse import parse_statements
 from microbatch.sql.positions import ScriptError
-from microbatch.sql.script import _Compiler
+from microbatch.sql.script import _Compiler, compile_script
 
 
 def declare(text: str) -> TableDef:
@@ -165,3 +165,19 @@ def test_a_role_the_connector_lacks_is_refused() -> None:
     kafka = declare("CREATE TABLE k (a INT) WITH ('connector' = 'kafka', 'topic' = 't')")
     with pytest.raises(mb.SQLError, match="needs 'bootstrap'"):
         kafka.source()
+
+
+def test_an_updating_view_must_keep_its_upsert_keys() -> None:
+    """A windowed view is upserted by (window_start, window_end, keys): a SELECT
+    that drops one is refused at the view's name, not failed at run time."""
+    text = ("CREATE TABLE tx (card_id BIGINT, event_time TIMESTAMP(3), WATERMARK FOR\n"
+            "  event_time AS event_time - INTERVAL '1' SECOND) WITH ('connector' = 'generator');\n"
+            "CREATE MATERIALIZED VIEW v AS SELECT window_start, card_id, COUNT(*) AS n\n"
+            "FROM TABLE(TUMBLE(TABLE tx, DESCRIPTOR(event_time), INTERVAL '1' MINUTE))\n"
+            "GROUP BY window_start, window_end, card_id;")
+    with pytest.raises(mb.SQLError, match=r"drops window_end\. Select window_end too") as info:
+        compile_script(text, file="v.sql")
+    assert (info.value.line, info.value.column) == (3, 26)
+    script = compile_script(text.replace("window_start, card_id, COUNT",
+                                         "window_start, window_end, card_id, COUNT"))
+    assert script.queries[0].writer.output_mode == "update"
