@@ -25,5 +25,10 @@ CASE = WindowCase(
     window=lambda: mb.window("event_time", "1m"),
     oneshot=oneshot,
     reference=window_reference(MINUTE_MS, MINUTE_MS),
+    sql="""
+        SELECT window_start, window_end, card_id, COUNT(*) AS n, SUM(amount) AS amount
+        FROM TABLE(TUMBLE(TABLE tx, DESCRIPTOR(event_time), INTERVAL '1' MINUTE))
+        GROUP BY window_start, window_end, card_id
+    """,
 )
 WORKLOAD = make_workload(CASE)

@@ -66,6 +66,9 @@ class WindowCase:
     window: Callable[[], Any]
     oneshot: Callable[[pl.LazyFrame], pl.LazyFrame]
     reference: Callable[[pl.LazyFrame], tuple[pl.LazyFrame, pl.LazyFrame]]
+    sql: str | None = None
+    """The same query in SQL over the table ``tx`` (``mb.sql``): when set, phases
+    ``sql-f1``/``sql-f10`` run it and the table compares it with the Python API."""
 
 
 def make_workload(case: WindowCase) -> Workload:
@@ -92,6 +95,8 @@ def make_workload(case: WindowCase) -> Workload:
 
             seconds = timed(once)
             return {"rows": ds.rows, "seconds": seconds, "output_rows": holder["rows"]}
+        if phase.startswith("sql-f"):
+            return run_engine(case, ds, int(phase.removeprefix("sql-f")), workdir, sql=True)
         files = int(phase.removeprefix("engine-f"))
         return run_engine(case, ds, files, workdir)
 
@@ -101,7 +106,8 @@ def make_workload(case: WindowCase) -> Workload:
     return Workload(
         name=case.name,
         description=case.description,
-        phases=("oneshot", *(f"engine-f{k}" for k in FILES_PER_BATCH)),
+        phases=("oneshot", *(f"engine-f{k}" for k in FILES_PER_BATCH),
+                *((f"sql-f{k}" for k in FILES_PER_BATCH) if case.sql else ())),
         default_reps=1,
         prepare=prepare,
         run_phase=run_phase,
@@ -109,17 +115,20 @@ def make_workload(case: WindowCase) -> Workload:
     )
 
 
-def run_engine(case: WindowCase, ds: data.Dataset, files: int, workdir: Path) -> dict[str, Any]:
-    """The engine query at ``files`` files per batch; raw numbers plus output path."""
+def run_engine(case: WindowCase, ds: data.Dataset, files: int, workdir: Path, *,
+               sql: bool = False) -> dict[str, Any]:
+    """The engine query at ``files`` files per batch (the Python API's, or ``case.sql``
+    through ``mb.sql``: the same plan); raw numbers plus output path."""
     import microbatch as mb
     from microbatch.sources.generator import GENERATOR_SCHEMA
 
-    stream = (
-        mb.read_files(ds.path, max_files_per_batch=files, schema=GENERATOR_SCHEMA)
-        .with_watermark("event_time", f"{DELAY_MS // 1000}s")
-        .group_by(case.window(), "card_id")
-        .agg(*AGGS)
-    )
+    tx = mb.read_files(ds.path, max_files_per_batch=files, schema=GENERATOR_SCHEMA).with_watermark(
+        "event_time", f"{DELAY_MS // 1000}s")
+    if sql:
+        assert case.sql is not None
+        stream = mb.sql(case.sql, tx=tx)
+    else:
+        stream = tx.group_by(case.window(), "card_id").agg(*AGGS)
     run = run_available_now(stream, workdir / "out", workdir / "chk",
                             batches_hint=ds.files // files + 5)
     return {**run.to_json(), "output": str(workdir / "out"), "files_per_batch": files}
@@ -151,7 +160,32 @@ def summarize_case(case: WindowCase, cfg: Config, results: PhaseResults) -> Sect
         ))
         section.details += step_profile(f"{case.name}, {files} file(s)/batch", runs[0])
         section.details += detail
+        sql_runs = results.get(f"sql-f{files}", [])
+        if sql_runs:
+            section.rows.append(sql_row(case, ds, files, sql_runs, python_rate=engine_rate,
+                                        oneshot_rates=oneshot_rates))
     return section
+
+
+def sql_row(case: WindowCase, ds: data.EventFiles, files: int, runs: list[dict[str, Any]], *,
+            python_rate: float, oneshot_rates: list[float]) -> Row:
+    """The SQL version's row: its rate against the one-shot limit, and in the note
+    against the Python API's rate measured in the same run (the issue's target: within
+    5 %), with the correctness check of its output."""
+    rates = [rate(r["input_rows"], r["wall_s"]) for r in runs]
+    sql_rate, oneshot_rate = median(rates), median(oneshot_rates)
+    try:
+        verdict, _ = check(case, ds, runs[0])
+    except Exception as exc:
+        verdict = f"check failed: {type(exc).__name__}: {exc}"
+    vs_python = ratio(sql_rate, python_rate)
+    return Row(
+        f"{case.name} (SQL)", f"events/s, {fmt_num(ds.rows_per_file * files)} rows/batch",
+        f"{fmt_num(sql_rate)} ({spread(rates)})",
+        f"{fmt_num(oneshot_rate)} ({spread(oneshot_rates)})",
+        ratio(sql_rate, oneshot_rate), f"SQL / Python API {vs_python:.2f} (>= 0.95)",
+        vs_python >= 0.95, f"{max(r['peak_rss_mb'] for r in runs):.0f} MiB", verdict,
+    )
 
 
 def check(case: WindowCase, ds: data.EventFiles,
