@@ -666,15 +666,6 @@ class _Translator:
                     fix,
                     keyword=construct.split()[0],
                 )
-        if select.args.get("distinct"):
-            raise self.error(
-                select.args["distinct"],
-                "DISTINCT",
-                "SELECT DISTINCT on a stream keeps every row ever seen.",
-                "Deduplicate with a time bound in the Python API: "
-                "stream.drop_duplicates(subset, within='1h').",
-                keyword="DISTINCT",
-            )
         for window_call in select.find_all(exp.Window):
             raise self.error(
                 window_call,
@@ -712,6 +703,21 @@ class _Translator:
         aggregated = select.args.get("group") is not None or any(
             item.find(exp.AggFunc) for item in select.expressions
         )
+        distinct = select.args.get("distinct")
+        if distinct is not None:
+            if tvf is None or aggregated or distinct.args.get("on") is not None:
+                raise self.error(
+                    distinct,
+                    "DISTINCT",
+                    "SELECT DISTINCT outside a window keeps every row ever seen."
+                    if tvf is None
+                    else "SELECT DISTINCT ON or with aggregates is not translated.",
+                    "Select DISTINCT window_start, window_end, keys FROM a window TVF (one "
+                    "row per window and key), or deduplicate with a time bound in the Python "
+                    "API: stream.drop_duplicates(subset, within='1h').",
+                    keyword="DISTINCT",
+                )
+            return self.distinct_per_window(select, stream, scope, tvf)
         if tvf is not None and not aggregated:
             raise self.error(
                 tvf,
@@ -748,6 +754,55 @@ class _Translator:
             exprs.append(value.alias(name))
         return stream.select(*exprs)
 
+    def distinct_per_window(
+        self, select: exp.Select, stream: Stream, scope: _Scope, tvf: WindowTVF
+    ) -> Stream:
+        """``SELECT DISTINCT window_start, window_end, keys FROM <window TVF>``: one
+        row per window and key, ``group_by(window, keys)`` (state released as the
+        watermark closes windows)."""
+        keys: list[str] = []
+        outputs: list[tuple[str, str]] = []  # (column of the aggregation, output name)
+        for item in select.expressions:
+            inner = item.this if isinstance(item, exp.Alias) else item
+            if not isinstance(inner, exp.Column):
+                raise self.error(
+                    item,
+                    "DISTINCT",
+                    "SELECT DISTINCT over a window lists columns only.",
+                    "Select DISTINCT window_start, window_end and key columns; compute "
+                    "expressions in a registered stream first.",
+                )
+            if inner.name in _WINDOW_COLUMNS and not inner.table:
+                column = inner.name
+            else:
+                column = self.resolve(inner, scope)
+                if column not in keys:
+                    keys.append(column)
+            name = item.alias if isinstance(item, exp.Alias) else inner.name
+            if name in (n for _, n in outputs):
+                raise self.error(
+                    item, "SELECT", f"two output columns are named {name!r}.", "Rename with AS."
+                )
+            outputs.append((column, name))
+        self.check_session_keys(tvf, scope, keys)
+        grouped = stream.group_by(self.window_of(tvf, stream), *keys).agg(
+            pl.len().alias("__sql_rows")
+        )
+        return grouped.select(*(pl.col(c).alias(n) for c, n in outputs))
+
+    def check_session_keys(self, tvf: WindowTVF, scope: _Scope, keys: list[str]) -> None:
+        if tvf.kind != "SESSION":
+            return
+        partition = [self.resolve(c, scope) for c in tvf.args.get("partition_by") or []]
+        if sorted(partition) != sorted(keys):
+            raise self.error(
+                tvf,
+                "SESSION",
+                f"sessions are partitioned by {partition} but grouped by {keys}.",
+                "Write the same keys in PARTITION BY and GROUP BY.",
+                keyword="SESSION",
+            )
+
     def group_keys(
         self, select: exp.Select, scope: _Scope, tvf: WindowTVF | None
     ) -> tuple[list[str], list[str]]:
@@ -783,16 +838,8 @@ class _Translator:
     ) -> Stream:
         keys, window_columns = self.group_keys(select, scope, tvf)
         spec = self.window_of(tvf, stream) if tvf is not None else None
-        if tvf is not None and tvf.kind == "SESSION":
-            partition = [self.resolve(c, scope) for c in tvf.args.get("partition_by") or []]
-            if sorted(partition) != sorted(keys):
-                raise self.error(
-                    tvf,
-                    "SESSION",
-                    f"sessions are partitioned by {partition} but grouped by {keys}.",
-                    "Write the same keys in PARTITION BY and GROUP BY.",
-                    keyword="SESSION",
-                )
+        if tvf is not None:
+            self.check_session_keys(tvf, scope, keys)
         self.check_grouped(select, scope, keys, window_columns)
         # The aggregates of SELECT and HAVING, each computed once.
         aggs: dict[str, tuple[exp.AggFunc, str]] = {}

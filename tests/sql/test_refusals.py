@@ -37,6 +37,15 @@ CASES = [
     ("SELECT k, v FROM tx\nORDER BY v", "ORDER BY", 2, 1, "Sort the sink"),
     ("SELECT k FROM tx LIMIT 10", "LIMIT", 1, 18, "WHERE"),
     ("SELECT DISTINCT k FROM tx", "DISTINCT", 1, 8, "drop_duplicates"),
+    (
+        f"SELECT DISTINCT window_start, COUNT(*) AS n FROM {TUMBLE}"
+        " GROUP BY window_start, window_end",
+        "DISTINCT",
+        1,
+        8,
+        "window_start, window_end, keys",
+    ),
+    (f"SELECT DISTINCT window_start, v + 1 AS w FROM {TUMBLE}", "DISTINCT", 1, 31, "columns"),
     ("SELECT k,\n  MEDIAN(v) AS m FROM tx GROUP BY k", "MEDIAN", 2, 3, "COUNT, SUM"),
     ("SELECT k, COUNT(DISTINCT v) AS m FROM tx GROUP BY k", "COUNT(DISTINCT)", 1, 11, "COUNT(*)"),
     ("SELECT k, v, COUNT(*) AS n FROM tx GROUP BY k", "GROUP BY", 1, 11, "aggregate it"),
