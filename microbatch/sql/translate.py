@@ -5,7 +5,10 @@ SQL supports) becomes ``filter``/``select`` steps whose expressions are
 ``pl.sql_expr`` of the SQL text; a window TVF with ``GROUP BY window_start,
 window_end, keys`` becomes ``group_by(mb.window(...) | mb.session_window(...),
 keys).agg(...)``, ``HAVING`` a ``filter`` after it, a ``JOIN`` with a static
-table ``join_static``. Everything else is refused here, when the query is
+table ``join_static``, a ``JOIN`` of two streams bounded in time
+``join_interval``, ``FOR SYSTEM_TIME AS OF`` a stream of versions
+``join_asof_table``, ``SELECT DISTINCT`` over a window TVF a ``group_by`` of the
+window and keys. Everything else is refused here, when the query is
 built, with a :class:`~microbatch.exceptions.SQLError` naming the construct,
 its line and column, and what to write instead (docs/sql.md, "Queries").
 """
