@@ -5,7 +5,10 @@ SQL supports) becomes ``filter``/``select`` steps whose expressions are
 ``pl.sql_expr`` of the SQL text; a window TVF with ``GROUP BY window_start,
 window_end, keys`` becomes ``group_by(mb.window(...) | mb.session_window(...),
 keys).agg(...)``, ``HAVING`` a ``filter`` after it, a ``JOIN`` with a static
-table ``join_static``. Everything else is refused here, when the query is
+table ``join_static``, a ``JOIN`` of two streams bounded in time
+``join_interval``, ``FOR SYSTEM_TIME AS OF`` a stream of versions
+``join_asof_table``, ``SELECT DISTINCT`` over a window TVF a ``group_by`` of the
+window and keys. Everything else is refused here, when the query is
 built, with a :class:`~microbatch.exceptions.SQLError` naming the construct,
 its line and column, and what to write instead (docs/sql.md, "Queries").
 """
@@ -15,18 +18,21 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from difflib import get_close_matches
-from typing import Any, Literal
+from typing import Any
 
 import polars as pl
 from sqlglot import exp
 
 from microbatch.api.stream import Stream
+from microbatch.exceptions import PlanError, SQLError
 from microbatch.plan.joins import StaticTable
 from microbatch.plan.nodes import WatermarkNode
 from microbatch.plan.windows import session_window, window
 from microbatch.sql.dialect import WindowTVF
 from microbatch.sql.parse import refuse
+from sinks.changelog import CHANGE_TYPE
 
 __all__ = ["StaticInput", "translate_select"]
 
@@ -284,35 +290,22 @@ class _Translator:
             raise self.error(right, "JOIN", "only a named table can be joined.", "JOIN <table>.")
         name = right.name
         if name in self.streams:
-            temporal = right.args.get("version") is not None
+            if right.args.get("version") is not None:
+                return self.temporal_join(stream, scope, join, right)
+            return self.interval_join(stream, scope, join, right)
+        if right.args.get("version") is not None:
             raise self.error(
                 join,
-                "temporal JOIN" if temporal else "JOIN",
-                (
-                    "a temporal join against a stream of versions is not translated yet."
-                    if temporal
-                    else "a join of two streams without a time bound needs unbounded state."
-                ),
-                (
-                    "Use the Python API: stream.join_asof_table(dim, on=..., time=...)."
-                    if temporal
-                    else "Use the Python API's interval join (stream.join_interval(other, "
-                    "on=..., left_time=..., lower=..., upper=...)), or join a static table."
-                ),
+                "temporal JOIN",
+                f"FOR SYSTEM_TIME AS OF needs a stream of versions; {name!r} is not one.",
+                "Register the versioned table as a stream with a watermark (e.g. "
+                "mb.read_delta(path, changes=True).with_watermark(...)), or JOIN the static "
+                "table without FOR SYSTEM_TIME AS OF.",
                 keyword="JOIN",
             )
         if name not in self.tables:
             self.source(right)  # raises: unknown name
-        side = (join.side or "").upper()
-        kind = (join.kind or "").upper()
-        if side not in ("", "LEFT") or kind not in ("", "INNER", "OUTER"):
-            raise self.error(
-                join,
-                f"{side or kind} JOIN",
-                "a stream joins a static table as INNER or LEFT only.",
-                "Write JOIN or LEFT JOIN.",
-                keyword=side or kind,
-            )
+        how = self.join_how(join, ("inner", "left"), "a stream joins a static table")
         table = self.tables[name]
         right_schema = StaticTable.of(table, None).known_schema()
         if right_schema is None:
@@ -320,55 +313,328 @@ class _Translator:
         qualifier = right.alias_or_name
         right_scope = _Scope(right_schema, {qualifier: {c: c for c in right_schema}})
         left_on, right_on = self.equi_keys(join, scope, right_scope, qualifier)
-        how: Literal["inner", "left"] = "left" if side == "LEFT" else "inner"
         joined = (
             stream.join_static(table, on=left_on, how=how)  # the Python API's plan
             if left_on == right_on
             else stream.join_static(table, left_on=left_on, right_on=right_on, how=how)
         )
-        out = joined.schema
-        rename: dict[str, str] = dict(zip(right_on, left_on, strict=True))
-        for column in right_schema:
-            if column in rename:
-                continue
-            rename[column] = column if column not in scope.schema else f"{column}_right"
-        qualified = {**scope.qualified, qualifier: rename}
-        return joined, _Scope(out, qualified)
+        return joined, self.joined_scope(scope, right_scope, qualifier, (left_on, right_on), joined)
 
-    def equi_keys(
-        self, join: exp.Join, left: _Scope, right: _Scope, right_name: str
-    ) -> tuple[list[str], list[str]]:
+    def join_how(self, join: exp.Join, allowed: tuple[str, ...], what: str) -> Any:
+        """The Python API's ``how`` of a SQL join, one of ``allowed``."""
+        side = (join.side or "").upper()
+        kind = (join.kind or "").upper()
+        how = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}.get(side)
+        if how not in allowed or kind not in ("", "INNER", "OUTER"):
+            written = " ".join(w for w in (side, kind) if w) or "JOIN"
+            names = {"inner": "JOIN", "left": "LEFT JOIN", "right": "RIGHT JOIN"}
+            raise self.error(
+                join,
+                f"{side or kind} JOIN",
+                f"{what} as {' or '.join(a.upper() for a in allowed)} only, not {written}.",
+                "Write " + " or ".join(names.get(a, "FULL JOIN") for a in allowed) + ".",
+                keyword=side or kind,
+            )
+        return how
+
+    def joined_scope(
+        self,
+        left: _Scope,
+        right: _Scope,
+        qualifier: str,
+        keys: tuple[list[str], list[str]],
+        joined: Stream,
+    ) -> _Scope:
+        """The scope after a join: the left's names, and the right qualifier's names
+        for its columns in the output (keys: the left's; the others: in order after
+        the left's columns, ``_right``-suffixed on a clash by the Python API)."""
+        out = joined.schema
+        left_on, right_on = keys
+        rename: dict[str, str] = dict(zip(right_on, left_on, strict=True))
+        added = list(out)[len(left.schema) :]
+        rest = [c for c in right.schema if c not in rename]
+        if len(rest) != len(added):  # a temporal join consumes the changelog's column
+            rest = [c for c in rest if c != CHANGE_TYPE]
+        rename.update(zip(rest, added, strict=True))
+        return _Scope(out, {**left.qualified, qualifier: rename})
+
+    def stream_side(self, right: exp.Table) -> tuple[Stream, str, _Scope]:
+        other = self.streams[right.name]
+        qualifier = right.alias_or_name
+        schema = other.schema
+        return other, qualifier, _Scope(schema, {qualifier: {c: c for c in schema}})
+
+    def python_api(self, join: exp.Join, build: Any) -> Stream:
+        """``build()`` (a Python API join), its ``PlanError`` refused at the JOIN."""
+        try:
+            result: Stream = build()
+        except SQLError:
+            raise
+        except PlanError as err:
+            raise self.error(
+                join,
+                "JOIN",
+                f"{err}.",
+                "Change the registered streams as said: the SQL join is the Python API's.",
+                keyword="JOIN",
+            ) from None
+        return result
+
+    def interval_join(
+        self, stream: Stream, scope: _Scope, join: exp.Join, right: exp.Table
+    ) -> tuple[Stream, _Scope]:
+        """A stream-stream join bounded in time: ``join_interval``."""
+        other, qualifier, right_scope = self.stream_side(right)
+        how = self.join_how(join, ("inner", "left", "right", "full"), "two streams join")
+        for side, side_stream in (("left", stream), (right.name, other)):
+            if not any(isinstance(n, WatermarkNode) for n in side_stream.plan.walk()):
+                raise self.error(
+                    join,
+                    "JOIN",
+                    f"the {side} stream has no watermark: a stream-stream join keeps each "
+                    "side's rows until the watermark says no match can arrive.",
+                    "Register both with .with_watermark(ts, '10s') (or WATERMARK FOR in "
+                    "their CREATE TABLE).",
+                    keyword="JOIN",
+                )
+        keys, rest = self.split_on(join, qualifier)
+        left_on, right_on = self.resolve_keys(keys, scope, right_scope)
+        times: dict[str, str] = {}
+        lower: int | None = None
+        upper: int | None = None
+        for small, big in self.time_bounds(rest, qualifier):
+            (xs, xc, xo), (ys, yc, yo) = (
+                self.time_term(n, scope, right_scope, qualifier) for n in (small, big)
+            )
+            if xs == ys:
+                raise self.error(
+                    small.parent or small,
+                    "JOIN ON",
+                    "a time bound compares the two streams' times.",
+                    f"Compare a time of {qualifier!r} with one of the other side.",
+                )
+            for side, column, node in ((xs, xc, small), (ys, yc, big)):
+                if times.setdefault(side, column) != column:
+                    raise self.error(
+                        node,
+                        "JOIN ON",
+                        f"the {side} stream's time bounds name two columns "
+                        f"({times[side]!r}, {column!r}).",
+                        "Bound one time column per stream.",
+                    )
+            if xs == "right":  # right + xo <= left + yo: right - left <= yo - xo
+                upper = yo - xo if upper is None else min(upper, yo - xo)
+            else:  # left + xo <= right + yo: right - left >= xo - yo
+                lower = xo - yo if lower is None else max(lower, xo - yo)
+        if lower is None or upper is None or not left_on:
+            missing = (
+                "ON keys"
+                if not left_on
+                else "a time bound"
+                if lower is None and upper is None
+                else "a lower time bound"
+                if lower is None
+                else "an upper time bound"
+            )
+            raise self.error(
+                join,
+                "JOIN",
+                f"a join of two streams without {missing} needs unbounded state.",
+                f"Bound it in time on both sides: ON a.k = {qualifier}.k AND {qualifier}.ts "
+                "BETWEEN a.ts - INTERVAL '1' MINUTE AND a.ts + INTERVAL '10' MINUTE "
+                "(Stream.join_interval), or join a static table.",
+                keyword="JOIN",
+            )
+        if lower > upper:
+            raise self.error(
+                rest[0],
+                "JOIN ON",
+                f"the time bounds leave an empty interval ({lower} ms to {upper} ms).",
+                "Write the lower bound first: BETWEEN a.ts AND a.ts + INTERVAL '10' MINUTE.",
+            )
+        keys_kw: dict[str, Any] = (
+            {"on": left_on} if left_on == right_on else {"left_on": left_on, "right_on": right_on}
+        )
+        joined = self.python_api(
+            join,
+            lambda: stream.join_interval(
+                other,
+                **keys_kw,
+                left_time=times["left"],
+                right_time=times["right"],
+                lower=timedelta(milliseconds=lower),
+                upper=timedelta(milliseconds=upper),
+                how=how,
+            ),
+        )
+        return joined, self.joined_scope(scope, right_scope, qualifier, (left_on, right_on), joined)
+
+    def temporal_join(
+        self, stream: Stream, scope: _Scope, join: exp.Join, right: exp.Table
+    ) -> tuple[Stream, _Scope]:
+        """``JOIN versions FOR SYSTEM_TIME AS OF s.ts``: ``join_asof_table`` with the
+        versioned stream's watermark column as the time a version is valid from."""
+        other, qualifier, right_scope = self.stream_side(right)
+        version = right.args["version"]
+        at = version.expression
+        if str(version.args.get("kind", "")).upper() != "AS OF" or not isinstance(at, exp.Column):
+            raise self.error(
+                version,
+                "temporal JOIN",
+                "a temporal join is FOR SYSTEM_TIME AS OF <the stream's time column>.",
+                f"Write JOIN {right.name} FOR SYSTEM_TIME AS OF s.ts AS {qualifier} ON ...",
+                keyword="FOR",
+            )
+        if at.table == qualifier:
+            raise self.error(
+                at,
+                "temporal JOIN",
+                "AS OF names the versioned table's own time.",
+                "Name the time column of the stream being enriched (FROM's side).",
+            )
+        time = self.resolve(at, scope)
+        marks = [n.spec.column for n in other.plan.walk() if isinstance(n, WatermarkNode)]
+        if not marks:
+            raise self.error(
+                right,
+                "temporal JOIN",
+                f"the versioned stream {right.name!r} has no watermark: its event-time "
+                "column is the time from which each version is valid.",
+                "Register it with .with_watermark('valid_from', '10s') (or WATERMARK FOR "
+                "in its CREATE TABLE).",
+            )
+        how = self.join_how(join, ("inner", "left"), "a temporal join enriches a stream")
+        keys, rest = self.split_on(join, qualifier)
+        if rest or not keys:
+            raise self.error(
+                rest[0] if rest else join,
+                "JOIN ON",
+                "a temporal join's condition is equalities of key columns joined by AND.",
+                "Move other conditions to WHERE.",
+                keyword=None if rest else "JOIN",
+            )
+        left_on, right_on = self.resolve_keys(keys, scope, right_scope)
+        keys_kw: dict[str, Any] = (
+            {"on": left_on} if left_on == right_on else {"left_on": left_on, "right_on": right_on}
+        )
+        joined = self.python_api(
+            join,
+            lambda: stream.join_asof_table(other, **keys_kw, time=time, dim_time=marks[0], how=how),
+        )
+        return joined, self.joined_scope(scope, right_scope, qualifier, (left_on, right_on), joined)
+
+    def time_bounds(
+        self, conditions: list[exp.Expr], right_name: str
+    ) -> list[tuple[exp.Expr, exp.Expr]]:
+        """The ON conditions beyond the keys as pairs ``(x, y)`` meaning ``x <= y``."""
+        pairs: list[tuple[exp.Expr, exp.Expr]] = []
+        for cond in conditions:
+            if len({c.table == right_name for c in cond.find_all(exp.Column)}) < 2:
+                raise self.error(
+                    cond,
+                    "JOIN ON",
+                    "a condition on one side's columns is not a join condition.",
+                    "Move it to WHERE (or filter the registered stream).",
+                )
+            if isinstance(cond, exp.Between):
+                pairs += [(cond.args["low"], cond.this), (cond.this, cond.args["high"])]
+            elif isinstance(cond, exp.LTE):
+                pairs.append((cond.this, cond.expression))
+            elif isinstance(cond, exp.GTE):
+                pairs.append((cond.expression, cond.this))
+            elif isinstance(cond, exp.LT | exp.GT):
+                raise self.error(
+                    cond,
+                    "JOIN ON",
+                    "an interval join's bounds are inclusive; a strict < or > is not translated.",
+                    "Write >= / <= or BETWEEN (inclusive), adjusting the interval.",
+                )
+            else:
+                raise self.error(
+                    cond,
+                    "JOIN ON",
+                    "a stream-stream join's condition is key equalities and time bounds "
+                    "joined by AND.",
+                    "Move other conditions to WHERE.",
+                )
+        return pairs
+
+    def time_term(
+        self, node: exp.Expr, left: _Scope, right: _Scope, right_name: str
+    ) -> tuple[str, str, int]:
+        """``t.ts [+|- INTERVAL ...]`` as (side, stream column, offset in ms)."""
+        from microbatch.durations import parse_duration_ms
+
+        inner = node.unnest()
+        offset = 0
+        if isinstance(inner, exp.Add | exp.Sub) and isinstance(inner.expression, exp.Interval):
+            amount = parse_duration_ms(
+                self.duration(inner.expression, "JOIN ON"), what="interval join bound"
+            )
+            offset = amount if isinstance(inner, exp.Add) else -amount
+            inner = inner.this.unnest()
+        if not isinstance(inner, exp.Column):
+            raise self.error(
+                node,
+                "JOIN ON",
+                f"a time bound is a time column plus or minus an interval, got {node.sql()!r}.",
+                "Write b.ts BETWEEN a.ts - INTERVAL '1' MINUTE AND a.ts + INTERVAL '10' MINUTE.",
+            )
+        if inner.table == right_name:
+            return "right", self.resolve(inner, right), offset
+        return "left", self.resolve(inner, left), offset
+
+    def split_on(
+        self, join: exp.Join, right_name: str
+    ) -> tuple[list[tuple[exp.Column, exp.Column]], list[exp.Expr]]:
+        """ON's conjuncts: the key equalities ``(left column, right column)`` (a
+        column qualified with ``right_name`` on one side), and the rest."""
         condition = join.args.get("on")
         if condition is None:
-            raise self.error(join, "JOIN", "a join needs ON keys.", "Write ON a.k = b.k.")
+            raise self.error(
+                join, "JOIN", "a join needs ON keys.", "Write ON a.k = b.k.", keyword="JOIN"
+            )
         conjuncts = list(condition.flatten()) if isinstance(condition, exp.And) else [condition]
-        left_on: list[str] = []
-        right_on: list[str] = []
+        keys: list[tuple[exp.Column, exp.Column]] = []
+        rest: list[exp.Expr] = []
         for eq in conjuncts:
-            if not (
+            if (
                 isinstance(eq, exp.EQ)
                 and isinstance(eq.this, exp.Column)
                 and isinstance(eq.expression, exp.Column)
             ):
-                raise self.error(
-                    eq,
-                    "JOIN ON",
-                    "a static join's condition is equalities of columns joined by AND.",
-                    "Move other conditions to WHERE.",
-                )
-            a, b = eq.this, eq.expression
-            if a.table == right_name:
-                a, b = b, a
-            if b.table != right_name:
-                raise self.error(
-                    eq,
-                    "JOIN ON",
-                    f"one side of each equality must name {right_name!r}.",
-                    f"Qualify the columns: ON s.k = {right_name}.k.",
-                )
-            left_on.append(self.resolve(a, left))
-            right_on.append(self.resolve(b, right))
-        return left_on, right_on
+                a, b = eq.this, eq.expression
+                if a.table == right_name:
+                    a, b = b, a
+                if b.table != right_name or a.table == right_name:
+                    raise self.error(
+                        eq,
+                        "JOIN ON",
+                        f"one side of each equality must name {right_name!r}.",
+                        f"Qualify the columns: ON s.k = {right_name}.k.",
+                    )
+                keys.append((a, b))
+            else:
+                rest.append(eq)
+        return keys, rest
+
+    def resolve_keys(
+        self, keys: list[tuple[exp.Column, exp.Column]], left: _Scope, right: _Scope
+    ) -> tuple[list[str], list[str]]:
+        return [self.resolve(a, left) for a, _ in keys], [self.resolve(b, right) for _, b in keys]
+
+    def equi_keys(
+        self, join: exp.Join, left: _Scope, right: _Scope, right_name: str
+    ) -> tuple[list[str], list[str]]:
+        keys, rest = self.split_on(join, right_name)
+        if rest:
+            raise self.error(
+                rest[0],
+                "JOIN ON",
+                "a static join's condition is equalities of columns joined by AND.",
+                "Move other conditions to WHERE.",
+            )
+        return self.resolve_keys(keys, left, right)
 
     # ------------------------------------------------------------ SELECT
 
@@ -403,15 +669,6 @@ class _Translator:
                     fix,
                     keyword=construct.split()[0],
                 )
-        if select.args.get("distinct"):
-            raise self.error(
-                select.args["distinct"],
-                "DISTINCT",
-                "SELECT DISTINCT on a stream keeps every row ever seen.",
-                "Deduplicate with a time bound in the Python API: "
-                "stream.drop_duplicates(subset, within='1h').",
-                keyword="DISTINCT",
-            )
         for window_call in select.find_all(exp.Window):
             raise self.error(
                 window_call,
@@ -449,6 +706,21 @@ class _Translator:
         aggregated = select.args.get("group") is not None or any(
             item.find(exp.AggFunc) for item in select.expressions
         )
+        distinct = select.args.get("distinct")
+        if distinct is not None:
+            if tvf is None or aggregated or distinct.args.get("on") is not None:
+                raise self.error(
+                    distinct,
+                    "DISTINCT",
+                    "SELECT DISTINCT outside a window keeps every row ever seen."
+                    if tvf is None
+                    else "SELECT DISTINCT ON or with aggregates is not translated.",
+                    "Select DISTINCT window_start, window_end, keys FROM a window TVF (one "
+                    "row per window and key), or deduplicate with a time bound in the Python "
+                    "API: stream.drop_duplicates(subset, within='1h').",
+                    keyword="DISTINCT",
+                )
+            return self.distinct_per_window(select, stream, scope, tvf)
         if tvf is not None and not aggregated:
             raise self.error(
                 tvf,
@@ -485,6 +757,55 @@ class _Translator:
             exprs.append(value.alias(name))
         return stream.select(*exprs)
 
+    def distinct_per_window(
+        self, select: exp.Select, stream: Stream, scope: _Scope, tvf: WindowTVF
+    ) -> Stream:
+        """``SELECT DISTINCT window_start, window_end, keys FROM <window TVF>``: one
+        row per window and key, ``group_by(window, keys)`` (state released as the
+        watermark closes windows)."""
+        keys: list[str] = []
+        outputs: list[tuple[str, str]] = []  # (column of the aggregation, output name)
+        for item in select.expressions:
+            inner = item.this if isinstance(item, exp.Alias) else item
+            if not isinstance(inner, exp.Column):
+                raise self.error(
+                    item,
+                    "DISTINCT",
+                    "SELECT DISTINCT over a window lists columns only.",
+                    "Select DISTINCT window_start, window_end and key columns; compute "
+                    "expressions in a registered stream first.",
+                )
+            if inner.name in _WINDOW_COLUMNS and not inner.table:
+                column = inner.name
+            else:
+                column = self.resolve(inner, scope)
+                if column not in keys:
+                    keys.append(column)
+            name = item.alias if isinstance(item, exp.Alias) else inner.name
+            if name in (n for _, n in outputs):
+                raise self.error(
+                    item, "SELECT", f"two output columns are named {name!r}.", "Rename with AS."
+                )
+            outputs.append((column, name))
+        self.check_session_keys(tvf, scope, keys)
+        grouped = stream.group_by(self.window_of(tvf, stream), *keys).agg(
+            pl.len().alias("__sql_rows")
+        )
+        return grouped.select(*(pl.col(c).alias(n) for c, n in outputs))
+
+    def check_session_keys(self, tvf: WindowTVF, scope: _Scope, keys: list[str]) -> None:
+        if tvf.kind != "SESSION":
+            return
+        partition = [self.resolve(c, scope) for c in tvf.args.get("partition_by") or []]
+        if sorted(partition) != sorted(keys):
+            raise self.error(
+                tvf,
+                "SESSION",
+                f"sessions are partitioned by {partition} but grouped by {keys}.",
+                "Write the same keys in PARTITION BY and GROUP BY.",
+                keyword="SESSION",
+            )
+
     def group_keys(
         self, select: exp.Select, scope: _Scope, tvf: WindowTVF | None
     ) -> tuple[list[str], list[str]]:
@@ -520,16 +841,8 @@ class _Translator:
     ) -> Stream:
         keys, window_columns = self.group_keys(select, scope, tvf)
         spec = self.window_of(tvf, stream) if tvf is not None else None
-        if tvf is not None and tvf.kind == "SESSION":
-            partition = [self.resolve(c, scope) for c in tvf.args.get("partition_by") or []]
-            if sorted(partition) != sorted(keys):
-                raise self.error(
-                    tvf,
-                    "SESSION",
-                    f"sessions are partitioned by {partition} but grouped by {keys}.",
-                    "Write the same keys in PARTITION BY and GROUP BY.",
-                    keyword="SESSION",
-                )
+        if tvf is not None:
+            self.check_session_keys(tvf, scope, keys)
         self.check_grouped(select, scope, keys, window_columns)
         # The aggregates of SELECT and HAVING, each computed once.
         aggs: dict[str, tuple[exp.AggFunc, str]] = {}

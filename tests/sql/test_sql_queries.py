@@ -99,6 +99,15 @@ WINDOWED = {
             pl.len().alias("n"), pl.col("v").max().alias("hi")
         ),
     ),
+    "distinct_per_window": (
+        """SELECT DISTINCT window_start, window_end, k AS key
+           FROM TABLE(HOP(TABLE tx, DESCRIPTOR(ts), INTERVAL '20' SECOND, INTERVAL '1' MINUTE))""",
+        lambda s: (
+            s.group_by(mb.window("ts", "1m", slide="20s"), "k")
+            .agg(pl.len())
+            .select("window_start", "window_end", pl.col("k").alias("key"))
+        ),
+    ),
     "fraud_rule_having": (
         """SELECT window_start, window_end, k, COUNT(*) AS n, SUM(v) AS total
            FROM TABLE(TUMBLE(TABLE tx, DESCRIPTOR(ts), INTERVAL '1' MINUTE))
