@@ -34,6 +34,7 @@ MODULES = [
     "microbatch.sql.context",
     "microbatch.sql.dialect",
     "microbatch.sql.parse",
+    "microbatch.sql.script",
     "microbatch.testing",
     "sinks.memory",
 ]
