@@ -11,7 +11,7 @@ import polars as pl
 
 from microbatch.api.writer import DataStreamWriter
 from microbatch.durations import parse_duration_ms
-from microbatch.exceptions import ChangelogInputError, PlanError
+from microbatch.exceptions import ChangelogInputError, PlanError, SQLError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.aggregates import parse_aggregations
 from microbatch.plan.changelog_inputs import (
@@ -56,6 +56,11 @@ from sinks.delta import SchemaMode
 from sinks.kafka import DeliveryGuarantee
 
 IntoExpr = pl.Expr | str | Any
+_EMIT_OF = {
+    "append": "write EMIT ON WINDOW CLOSE",
+    "update": "write EMIT ON UPDATE",
+    "changelog": "write EMIT CHANGES",
+}
 
 
 class Stream:
@@ -76,6 +81,8 @@ class Stream:
         self._late_sink = late_sink
         self._dead_letter_sink = dead_letter_sink
         self._sql: str | None = None  # the SQL text this stream was built from (mb.sql)
+        self._emit: tuple[OutputMode, str, int, int] | None = None
+        """SQL's ``EMIT``: (the output mode, the clause, its line, its column)."""
 
     @property
     def plan(self) -> PlanNode:
@@ -86,6 +93,31 @@ class Stream:
     def is_aggregated(self) -> bool:
         """True when the plan contains a streaming aggregation."""
         return is_aggregated(self._plan)
+
+    @property
+    def emit_mode(self) -> OutputMode | None:
+        """The output mode a SQL ``EMIT`` clause chose (``None``: no clause), which
+        every writer uses when it is given no ``output_mode``."""
+        return self._emit[0] if self._emit is not None else None
+
+    def _output_mode(self, output_mode: OutputMode | None) -> OutputMode:
+        """The writer's output mode: the one given, else the ``EMIT`` clause's, else
+        ``append``; a given one that contradicts the ``EMIT`` clause is refused."""
+        if self._emit is None:
+            return output_mode or "append"
+        emit, clause, line, column = self._emit
+        if output_mode is not None and output_mode != emit:
+            raise SQLError(
+                f"the query's {clause} writes in output_mode={emit!r}, but the writer "
+                f"was given output_mode={output_mode!r}.",
+                line=line,
+                column=column,
+                construct=clause,
+                fix="Drop output_mode= from the writer (the EMIT clause chooses it), or "
+                + _EMIT_OF.get(output_mode, "drop the EMIT clause")
+                + " in the query (docs/sql.md, EMIT).",
+            )
+        return emit
 
     @property
     def late_sink(self) -> Sink | None:
@@ -143,7 +175,9 @@ class Stream:
 
     def _with_plan(self, plan: PlanNode) -> Stream:
         output_schema(plan)  # refuses a misspelled column or a wrong type now
-        return Stream(plan, late_sink=self._late_sink, dead_letter_sink=self._dead_letter_sink)
+        stream = Stream(plan, late_sink=self._late_sink, dead_letter_sink=self._dead_letter_sink)
+        stream._emit = self._emit  # a step after a SQL query keeps its EMIT choice
+        return stream
 
     # ---------------------------------------------------------- event time
 
@@ -1464,7 +1498,7 @@ class Stream:
 
     # ------------------------------------------------------------- writers
 
-    def write_to(self, sink: Sink, *, output_mode: OutputMode = "append") -> DataStreamWriter:
+    def write_to(self, sink: Sink, *, output_mode: OutputMode | None = None) -> DataStreamWriter:
         """Attach any :class:`sinks.Sink`.
 
         The ``write_*`` methods are shortcuts for this with the matching sink.
@@ -1482,6 +1516,8 @@ class Stream:
             result every batch; aggregations only) or ``"changelog"`` (the
             batch's changes to the result table, with a ``_change_type`` column:
             ``insert``, ``update_preimage``, ``update_postimage``, ``delete``).
+            Omitted: the mode a SQL ``EMIT`` clause chose (:attr:`emit_mode`),
+            else ``"append"``.
 
         Returns
         -------
@@ -1492,7 +1528,8 @@ class Stream:
         ------
         PlanError
             When the sink does not support ``output_mode``, or the plan cannot run
-            in it (e.g. ``"complete"`` without an aggregation).
+            in it (e.g. ``"complete"`` without an aggregation); a
+            :class:`~microbatch.SQLError` when it contradicts the query's ``EMIT``.
 
         Examples
         --------
@@ -1511,12 +1548,12 @@ class Stream:
         return DataStreamWriter(
             self._plan,
             sink,
-            output_mode,
+            self._output_mode(output_mode),
             dead_letter=self._dead_letter_sink,
             late_sink=self._late_sink,
         )
 
-    def write_memory(self, name: str, *, output_mode: OutputMode = "append") -> DataStreamWriter:
+    def write_memory(self, name: str, *, output_mode: OutputMode | None = None) -> DataStreamWriter:
         """Attach an in-process table readable with ``mb.table(name)``.
 
         For notebooks and tests: every batch is kept in memory, in a table per
@@ -1551,7 +1588,7 @@ class Stream:
         return self.write_to(MemorySink(name), output_mode=output_mode)
 
     def write_console(
-        self, *, num_rows: int = 20, output_mode: OutputMode = "append"
+        self, *, num_rows: int = 20, output_mode: OutputMode | None = None
     ) -> DataStreamWriter:
         """Print each batch to stdout.
 
@@ -1597,7 +1634,7 @@ class Stream:
         self,
         path: str | os.PathLike[str],
         *,
-        output_mode: OutputMode = "append",
+        output_mode: OutputMode | None = None,
         partition_by: str | Sequence[str] | None = None,
     ) -> DataStreamWriter:
         """Write Parquet files plus a manifest keyed by batch id (exactly once);
@@ -1648,7 +1685,7 @@ class Stream:
         headers: Mapping[str, str | pl.Expr] | None = None,
         delivery_guarantee: DeliveryGuarantee = "exactly_once",
         config: Mapping[str, Any] | None = None,
-        output_mode: OutputMode = "append",
+        output_mode: OutputMode | None = None,
         value_format: Literal["json", "raw"] | None = None,
         mode: DeliveryGuarantee | None = None,
         key_columns: str | Sequence[str] | None = None,
@@ -1755,7 +1792,7 @@ class Stream:
         backoff: tuple[str | float, str | float] = ("200ms", "30s"),
         verify: bool | str = True,
         dead_letters: Sink | None = None,
-        output_mode: OutputMode = "append",
+        output_mode: OutputMode | None = None,
     ) -> DataStreamWriter:
         """POST every row to an HTTP endpoint with an ``Idempotency-Key`` (at least
         once per key, the same body every time).
@@ -1833,7 +1870,7 @@ class Stream:
         self,
         path: str | os.PathLike[str],
         *,
-        output_mode: OutputMode = "append",
+        output_mode: OutputMode | None = None,
         partition_by: str | Sequence[str] | None = None,
         merge_keys: str | Sequence[str] | None = None,
         storage_options: Mapping[str, str] | None = None,
@@ -1916,6 +1953,7 @@ class Stream:
         from microbatch.api.writer import output_keys
         from sinks.delta import DeltaSink
 
+        output_mode = self._output_mode(output_mode)
         if output_mode == "update" and not merge_keys and not output_keys(self._plan):
             raise PlanError(
                 "write_delta(output_mode='update') upserts by key, and this stream has no "
@@ -1933,7 +1971,7 @@ class Stream:
         return self.write_to(sink, output_mode=output_mode)
 
     def foreach_batch(
-        self, fn: Callable[[pl.DataFrame, int], None], *, output_mode: OutputMode = "append"
+        self, fn: Callable[[pl.DataFrame, int], None], *, output_mode: OutputMode | None = None
     ) -> DataStreamWriter:
         """Call ``fn(df, batch_id)`` per batch; make ``fn`` idempotent on batch_id.
 
@@ -1982,6 +2020,14 @@ class Stream:
             self._plan, late_sink=self._late_sink, dead_letter_sink=self._dead_letter_sink
         )
         stream._sql = text
+        stream._emit = self._emit
+        return stream
+
+    def _emitting(self, mode: OutputMode, clause: str, line: int, column: int) -> Stream:
+        """This stream, its writers defaulting to ``mode`` (SQL's ``EMIT`` clause at
+        ``line``:``column``)."""
+        stream = self._from_sql(self._sql) if self._sql is not None else self._with_plan(self._plan)
+        stream._emit = (mode, clause, line, column)
         return stream
 
     def preview(self, n: int = 10) -> pl.DataFrame:

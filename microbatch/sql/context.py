@@ -3,17 +3,52 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import polars as pl
 from sqlglot import exp
 
 from microbatch.api.stream import Stream
-from microbatch.exceptions import PlanError, SQLError
+from microbatch.durations import format_duration_ms
+from microbatch.exceptions import DurationError, PlanError, SQLError
 from microbatch.sql.parse import parse_statements, refuse
 from microbatch.sql.translate import StaticInput, translate_select
 
-__all__ = ["SQLContext", "sql"]
+__all__ = ["ALLOW_LATENESS", "SQLContext", "flink_duration", "sql"]
+
+ALLOW_LATENESS = "table.exec.emit.allow-lateness"
+"""Flink's table option for how long a closed window still takes late rows: the
+one ``SET`` option (``SQLContext.set``, ``SET '...' = '1 h'`` in a script)."""
+
+_FLINK_UNITS_MS = {
+    **dict.fromkeys(("ms", "milli", "millis", "millisecond", "milliseconds"), 1),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1_000),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60_000),
+    **dict.fromkeys(("h", "hour", "hours"), 3_600_000),
+    **dict.fromkeys(("d", "day", "days"), 86_400_000),
+}
+
+
+def flink_duration(value: str) -> str:
+    """A duration as Flink's configuration writes it (``'1 h'``, ``'10 min'``,
+    ``'3600 s'``, ``'500'`` = milliseconds) as the engine's (``'1h'``).
+
+    Raises :class:`~microbatch.exceptions.DurationError` for anything else.
+
+    Examples
+    --------
+    >>> flink_duration("1 h"), flink_duration("90 s"), flink_duration("250")
+    ('1h', '90s', '250ms')
+    """
+    found = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", value)
+    unit = found.group(2).lower() if found else ""
+    if found is None or (unit and unit not in _FLINK_UNITS_MS):
+        raise DurationError(
+            f"{value!r} is not a duration: write a whole number and a unit, as Flink "
+            "does: '1 h', '10 min', '30 s', '500 ms' (no unit: milliseconds)"
+        )
+    return format_duration_ms(int(found.group(1)) * _FLINK_UNITS_MS.get(unit, 1))
 
 
 class SQLContext:
@@ -55,6 +90,7 @@ class SQLContext:
     def __init__(self, **streams_and_tables: Stream | StaticInput) -> None:
         self._streams: dict[str, Stream] = {}
         self._tables: dict[str, StaticInput] = {}
+        self._settings: dict[str, str] = {}
         for name, value in streams_and_tables.items():
             self.register(name, value)
 
@@ -80,6 +116,28 @@ class SQLContext:
         """Forget ``name`` (a no-op when it is not registered)."""
         self._streams.pop(name, None)
         self._tables.pop(name, None)
+        return self
+
+    def set(self, name: str, value: str) -> SQLContext:
+        """Flink's ``SET 'name' = 'value'`` for the queries built after it; returns
+        the context. The one option is ``'table.exec.emit.allow-lateness'``
+        (:data:`ALLOW_LATENESS`): TUMBLE and HOP windows keep their state that
+        long after the watermark closes them, and rows that late still count
+        (``mb.window(..., allowed_lateness=value)``); ``'0'`` turns it off.
+
+        Raises :class:`~microbatch.PlanError` for another option, and
+        :class:`~microbatch.exceptions.DurationError` for a value that is not a
+        duration (``'1 h'``, ``'30 min'``)."""
+        if name != ALLOW_LATENESS:
+            raise PlanError(
+                f"SQL option {name!r} is not known; the one option is {ALLOW_LATENESS!r} "
+                "(docs/sql.md, EMIT and allowed lateness)"
+            )
+        lateness = flink_duration(value)
+        if lateness in ("0s", "0ms", "0"):
+            self._settings.pop(name, None)
+        else:
+            self._settings[name] = lateness
         return self
 
     def tables(self) -> list[str]:
@@ -111,7 +169,13 @@ class SQLContext:
                 problem="SQLContext.sql runs one SELECT query.",
                 fix="Write SELECT ... FROM <stream>; DDL and INSERT run in `microbatch sql FILE`.",
             )
-        stream = translate_select(tree, query, streams=self._streams, tables=self._tables)
+        stream = translate_select(
+            tree,
+            query,
+            streams=self._streams,
+            tables=self._tables,
+            allowed_lateness=self._settings.get(ALLOW_LATENESS),
+        )
         return stream._from_sql(query)
 
 

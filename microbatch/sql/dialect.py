@@ -13,6 +13,10 @@ common SQL; no built-in dialect parses Flink's window table-valued functions nor
 - ``WATERMARK FOR col AS expr`` in a ``CREATE TABLE`` column list parses into
   sqlglot's ``exp.WatermarkColumnConstraint`` (``this``: the column,
   ``expression``: the watermark expression).
+- ``EMIT ON WINDOW CLOSE`` (RisingWave; ``EMIT FINAL``, ksqlDB's, is the same),
+  ``EMIT ON UPDATE`` (RisingWave's name for its default policy) and ``EMIT
+  CHANGES`` (ksqlDB) at the end of a ``SELECT`` parse into :class:`Emit`, kept
+  as the ``Select``'s ``emit`` argument (Flink SQL has no such clause).
 - ``WITH ('k' = 'v', ...)`` table options and ``FOR SYSTEM_TIME AS OF`` already
   parse in the default dialect: options as ``exp.Property`` rows of the
   ``Create``'s ``properties``, a temporal join as the joined ``exp.Table``'s
@@ -29,10 +33,37 @@ from sqlglot.generator import Generator
 from sqlglot.parser import Parser
 from sqlglot.tokenizer_core import TokenType
 
-__all__ = ["WINDOW_TVFS", "MicrobatchDialect", "WindowTVF"]
+__all__ = ["EMIT_MODES", "WINDOW_TVFS", "Emit", "MicrobatchDialect", "WindowTVF"]
 
 WINDOW_TVFS: tuple[str, ...] = ("TUMBLE", "HOP", "SESSION", "CUMULATE")
 """The window table-valued functions the dialect parses (Flink SQL's names)."""
+
+
+EMIT_MODES: dict[str, str] = {
+    "ON WINDOW CLOSE": "append",
+    "FINAL": "append",
+    "ON UPDATE": "update",
+    "CHANGES": "changelog",
+}
+"""The ``EMIT`` clauses the dialect parses (the words after ``EMIT``), each to the
+writer's output mode it chooses."""
+
+
+class Emit(exp.Expression):
+    """``EMIT <policy>`` at the end of a ``SELECT``: ``this`` is the policy as
+    written after ``EMIT``, upper case, one of :data:`EMIT_MODES`."""
+
+    arg_types: ClassVar[dict[str, bool]] = {"this": True}
+
+    @property
+    def policy(self) -> str:
+        """The words after ``EMIT`` (``ON WINDOW CLOSE``, ``FINAL``, ``ON UPDATE``, ``CHANGES``)."""
+        return str(self.args["this"])
+
+    @property
+    def output_mode(self) -> str:
+        """The writer's output mode this clause chooses."""
+        return EMIT_MODES[self.policy]
 
 
 class WindowTVF(exp.Expression):
@@ -96,8 +127,40 @@ def _parse_window_tvf(kind: str) -> Any:
     return parse
 
 
+def _at_emit(parser: Parser) -> bool:
+    """The parser stands on the word ``EMIT``."""
+    return parser._curr is not None and parser._curr.text.upper() == "EMIT"
+
+
 class MicrobatchParser(Parser):
-    """The default parser, plus the window TVFs and ``WATERMARK FOR``."""
+    """The default parser, plus the window TVFs, ``WATERMARK FOR`` and ``EMIT``."""
+
+    def _parse_table_alias(self, *args: Any, **kwargs: Any) -> Any:
+        # NOTE: `FROM tx EMIT CHANGES`: EMIT starts the clause, it is no alias of tx.
+        if _at_emit(self):
+            return None
+        return super()._parse_table_alias(*args, **kwargs)
+
+    def _parse_query_modifiers(self, this: Any) -> Any:
+        this = super()._parse_query_modifiers(this)
+        if isinstance(this, exp.Select) and _at_emit(self):
+            start = self._curr
+            self._advance()
+            words: list[str] = []
+            while self._curr is not None and self._curr.token_type != TokenType.SEMICOLON:
+                if " ".join([*words, self._curr.text.upper()]) not in _EMIT_PREFIXES:
+                    break
+                words.append(self._curr.text.upper())
+                self._advance()
+            policy = " ".join(words)
+            if policy not in EMIT_MODES:
+                self.raise_error(
+                    "Expected EMIT ON WINDOW CLOSE, EMIT ON UPDATE, EMIT CHANGES or EMIT FINAL",
+                    token=start,
+                )
+            emit = self.expression(Emit(this=policy), token=start)
+            this.set("emit", emit)
+        return this
 
     FUNCTION_PARSERS: ClassVar[dict[str, Any]] = {
         **Parser.FUNCTION_PARSERS,
@@ -124,6 +187,11 @@ class MicrobatchParser(Parser):
     }
 
 
+_EMIT_PREFIXES = {
+    " ".join(words.split()[:n]) for words in EMIT_MODES for n in range(1, len(words.split()) + 1)
+}
+
+
 def _window_tvf_sql(self: Generator, expression: WindowTVF) -> str:
     """``KIND(TABLE t [PARTITION BY k], DESCRIPTOR(ts), interval, ...)``."""
     table = f"TABLE {self.sql(expression, 'this')}"
@@ -143,11 +211,18 @@ class MicrobatchGenerator(Generator):
     TRANSFORMS: ClassVar[dict[type[exp.Expr], Any]] = {
         **Generator.TRANSFORMS,
         WindowTVF: _window_tvf_sql,
+        Emit: lambda _self, e: f"EMIT {e.policy}",
     }
+
+    def query_modifiers(self, expression: exp.Expr, *sqls: str) -> str:
+        emit = expression.args.get("emit")
+        rendered = super().query_modifiers(expression, *sqls)
+        return f"{rendered} {self.sql(emit)}" if isinstance(emit, Emit) else rendered
 
 
 class MicrobatchDialect(Dialect):
-    """sqlglot's default dialect with Flink SQL's window TVFs and ``WATERMARK FOR``.
+    """sqlglot's default dialect with Flink SQL's window TVFs and ``WATERMARK FOR``,
+    and the ``EMIT`` clause.
 
     Examples
     --------
@@ -158,6 +233,9 @@ class MicrobatchDialect(Dialect):
     ...     dialect=MicrobatchDialect)
     >>> tree.find(WindowTVF).kind
     'TUMBLE'
+    >>> sqlglot.parse_one("SELECT k FROM t EMIT ON UPDATE", dialect=MicrobatchDialect
+    ...                   ).args["emit"].output_mode
+    'update'
     """
 
     Parser = MicrobatchParser

@@ -8,7 +8,9 @@ keys).agg(...)``, ``HAVING`` a ``filter`` after it, a ``JOIN`` with a static
 table ``join_static``, a ``JOIN`` of two streams bounded in time
 ``join_interval``, ``FOR SYSTEM_TIME AS OF`` a stream of versions
 ``join_asof_table``, ``SELECT DISTINCT`` over a window TVF a ``group_by`` of the
-window and keys. Everything else is refused here, when the query is
+window and keys; ``EMIT`` the writers' output mode (``ON WINDOW CLOSE``/``FINAL``:
+``append``, ``ON UPDATE``: ``update``, ``CHANGES``: ``changelog``), and ``HAVING``
+on a window under an early ``EMIT`` ``fire_once(condition, corrections=True)``. Everything else is refused here, when the query is
 built, with a :class:`~microbatch.exceptions.SQLError` naming the construct,
 its line and column, and what to write instead (docs/sql.md, "Queries").
 """
@@ -30,8 +32,8 @@ from microbatch.exceptions import PlanError, SQLError
 from microbatch.plan.joins import StaticTable
 from microbatch.plan.nodes import WatermarkNode
 from microbatch.plan.windows import session_window, window
-from microbatch.sql.dialect import WindowTVF
-from microbatch.sql.parse import refuse
+from microbatch.sql.dialect import Emit, WindowTVF
+from microbatch.sql.parse import position, refuse
 from sinks.changelog import CHANGE_TYPE
 
 __all__ = ["StaticInput", "translate_select"]
@@ -70,11 +72,17 @@ class _Scope:
 
 class _Translator:
     def __init__(
-        self, text: str, streams: Mapping[str, Stream], tables: Mapping[str, StaticInput]
+        self,
+        text: str,
+        streams: Mapping[str, Stream],
+        tables: Mapping[str, StaticInput],
+        allowed_lateness: str | None = None,
     ) -> None:
         self.text = text
         self.streams = streams
         self.tables = tables
+        self.allowed_lateness = allowed_lateness
+        self.emit: Emit | None = None
 
     # ------------------------------------------------------------ helpers
 
@@ -234,12 +242,22 @@ class _Translator:
                 f"{tvf.kind} takes {expected} interval(s), got {len(sizes)}.",
                 "HOP takes the slide then the size (Flink's order); TUMBLE a size; SESSION a gap.",
             )
+        lateness = self.allowed_lateness
         if tvf.kind == "TUMBLE":
-            return window(time, self.duration(sizes[0], "TUMBLE size"))
+            return window(time, self.duration(sizes[0], "TUMBLE size"), allowed_lateness=lateness)
         if tvf.kind == "HOP":
             slide = self.duration(sizes[0], "HOP slide")
             size = self.duration(sizes[1], "HOP size")
-            return window(time, size, slide=slide)
+            return window(time, size, slide=slide, allowed_lateness=lateness)
+        if lateness is not None:
+            raise self.error(
+                tvf,
+                "SESSION",
+                f"'table.exec.emit.allow-lateness' ({lateness}) applies to TUMBLE and HOP "
+                "windows; a session's end moves with its rows.",
+                "Drop the SET for this query, or use TUMBLE or HOP.",
+                keyword="SESSION",
+            )
         return session_window(time, self.duration(sizes[0], "SESSION gap"))
 
     def from_clause(self, select: exp.Select) -> tuple[Stream, _Scope, WindowTVF | None]:
@@ -697,6 +715,46 @@ class _Translator:
     def translate(self, select: exp.Expr) -> Stream:
         self.refuse_unsupported(select)
         assert isinstance(select, exp.Select)
+        emit = select.args.get("emit")
+        self.emit = emit if isinstance(emit, Emit) else None
+        stream = self.translate_body(select)
+        if self.emit is None:
+            return stream
+        line, column = position(self.emit, self.text)
+        return stream._emitting(  # type: ignore[arg-type]
+            self.emit.output_mode, f"EMIT {self.emit.policy}", line, column
+        )
+
+    def early_emit(self) -> bool:
+        """The query emits a window's row before it closes (``EMIT ON UPDATE``,
+        ``EMIT CHANGES``)."""
+        return self.emit is not None and self.emit.output_mode in ("update", "changelog")
+
+    def check_emit(self, tvf: WindowTVF | None, aggregated: bool) -> None:
+        """``EMIT`` chooses when an aggregation's rows are written: refused on a
+        query without one, and ``ON WINDOW CLOSE`` without a window."""
+        emit = self.emit
+        if emit is None:
+            return
+        if not aggregated:
+            raise self.error(
+                emit,
+                f"EMIT {emit.policy}",
+                "EMIT chooses when an aggregation's rows are written; this query has no "
+                "aggregation: each row is written once, as it arrives.",
+                "Drop the EMIT clause, or aggregate (GROUP BY).",
+            )
+        if tvf is None and emit.output_mode == "append":
+            raise self.error(
+                emit,
+                f"EMIT {emit.policy}",
+                "a GROUP BY without a window TVF has no window to close: its rows are "
+                "never final.",
+                "Write EMIT ON UPDATE or EMIT CHANGES, or group by a window TVF's "
+                "window_start, window_end.",
+            )
+
+    def translate_body(self, select: exp.Select) -> Stream:
         stream, scope, tvf = self.from_clause(select)
         for join in select.args.get("joins") or []:
             stream, scope = self.join(stream, scope, join)
@@ -720,6 +778,7 @@ class _Translator:
                     "API: stream.drop_duplicates(subset, within='1h').",
                     keyword="DISTINCT",
                 )
+            self.check_emit(tvf, True)
             return self.distinct_per_window(select, stream, scope, tvf)
         if tvf is not None and not aggregated:
             raise self.error(
@@ -729,6 +788,7 @@ class _Translator:
                 "Aggregate it: GROUP BY window_start, window_end[, keys].",
                 keyword=tvf.kind,
             )
+        self.check_emit(tvf, aggregated)
         if aggregated:
             return self.aggregate(select, stream, scope, tvf)
         if select.args.get("having") is not None:
@@ -877,8 +937,14 @@ class _Translator:
         by: list[Any] = [spec] if spec is not None else []
         grouped = stream.group_by(*by, *keys).agg(*agg_exprs)
         out_scope = _Scope(grouped.schema)
+        fired = False
         if having is not None:
-            grouped = grouped.filter(self.expr(self.over_aggs(having.this, aggs, scope), out_scope))
+            condition = self.expr(self.over_aggs(having.this, aggs, scope), out_scope)
+            if tvf is not None and self.early_emit():
+                grouped = self.fire_once(grouped, condition, tvf, having)
+                fired = True
+            else:
+                grouped = grouped.filter(condition)
         # The SELECT list over the aggregation's columns.
         exprs: list[pl.Expr] = []
         names: list[str] = []
@@ -895,12 +961,36 @@ class _Translator:
                 )
             names.append(name)
             exprs.append(value.alias(name))
+        if fired and "revision" not in names:
+            names.append("revision")
+            exprs.append(pl.col("revision"))
         if names == list(grouped.schema) and all(
             isinstance(i.this if isinstance(i, exp.Alias) else i, exp.Column | exp.AggFunc)
             for i in select.expressions
         ):
             return grouped  # the aggregation's own columns, in its order: no extra step
         return grouped.select(*exprs)
+
+    def fire_once(
+        self, grouped: Stream, condition: pl.Expr, tvf: WindowTVF, having: exp.Expr
+    ) -> Stream:
+        """``HAVING`` on a window under an early ``EMIT``: the rule fires once per
+        window, in the first batch where it holds, then each later change of that
+        window follows as a correction (``revision`` 1, 2...):
+        ``fire_once(condition, corrections=True)``."""
+        if tvf.kind == "SESSION":
+            assert self.emit is not None
+            raise self.error(
+                having,
+                "HAVING",
+                f"HAVING on a SESSION window under EMIT {self.emit.policy} is not "
+                "translated: a rule fires once per window, and a session's bounds move "
+                "as it merges.",
+                "Use TUMBLE or HOP, or EMIT ON WINDOW CLOSE (the closed session's row, "
+                "filtered by HAVING).",
+                keyword="HAVING",
+            )
+        return grouped.fire_once(condition, corrections=True)
 
     def check_grouped(
         self, select: exp.Select, scope: _Scope, keys: list[str], window_columns: list[str]
@@ -981,9 +1071,11 @@ def translate_select(
     *,
     streams: Mapping[str, Stream],
     tables: Mapping[str, StaticInput] | None = None,
+    allowed_lateness: str | None = None,
 ) -> Stream:
     """The ``Stream`` of one parsed SELECT (``select``, parsed from ``text``, which
     refusals quote by line and column) over the registered ``streams`` and static
-    ``tables``. Raises :class:`~microbatch.exceptions.SQLError` for what has no
+    ``tables``; its TUMBLE and HOP windows keep ``allowed_lateness`` (a duration
+    string). Raises :class:`~microbatch.exceptions.SQLError` for what has no
     incremental form or is not translated."""
-    return _Translator(text, streams, tables or {}).translate(select)
+    return _Translator(text, streams, tables or {}, allowed_lateness).translate(select)
