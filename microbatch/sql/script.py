@@ -18,8 +18,12 @@ Statements run in order; each one:
   (:class:`~microbatch.sql.ddl.TableDef`), checked at once;
 - ``CREATE VIEW name AS SELECT ...`` names a query that later statements read
   like a table (nothing runs by itself);
-- ``INSERT INTO sink SELECT ...`` is a query of its own, writing to a declared
-  sink table (in its ``'output_mode'``, default ``append``);
+- ``INSERT INTO sink SELECT ... [EMIT ...]`` is a query of its own, writing to a
+  declared sink table in the output mode its ``EMIT`` clause chooses, else the
+  table's ``'output_mode'`` (default ``append``); the two contradicting is refused;
+- ``SET 'table.exec.emit.allow-lateness' = '1 h'`` (Flink's table option) gives
+  the TUMBLE and HOP windows of the statements after it that allowed lateness
+  (``SQLContext.set``);
 - ``CREATE MATERIALIZED VIEW name [WITH (...)] AS SELECT ...`` is a query
   keeping a table equal to the SELECT's result: in ``update`` mode (rows
   upserted by the query's keys, deletes applied) for an aggregating query, in
@@ -49,9 +53,10 @@ from sqlglot.tokenizer_core import Token, TokenType
 
 from microbatch.api.stream import Stream
 from microbatch.api.writer import DataStreamWriter, output_keys
-from microbatch.exceptions import SQLError
-from microbatch.sql.ddl import TableDef, table_options
-from microbatch.sql.dialect import MicrobatchDialect
+from microbatch.exceptions import PlanError, SQLError
+from microbatch.sql.ddl import Option, TableDef, table_options
+from microbatch.sql.context import ALLOW_LATENESS
+from microbatch.sql.dialect import Emit, MicrobatchDialect
 from microbatch.sql.params import Substituted, substitute
 from microbatch.sql.parse import parse_statements
 from microbatch.sql.positions import DeclarationError, ScriptError, line_column
@@ -208,6 +213,8 @@ class _Compiler:
         self.tables: dict[str, TableDef] = {}
         self.views: dict[str, tuple[exp.Query, _Statement]] = {}
         self.queries: list[ScriptQuery] = []
+        self.settings: dict[str, str] = {}
+        """``SET`` options in force, by name (applied to the queries after them)."""
 
     def run(self) -> Script:
         for statement in self._statements():
@@ -264,6 +271,8 @@ class _Compiler:
             self._create_view(tree, statement)
         elif isinstance(tree, exp.Insert):
             self._insert(tree, statement)
+        elif isinstance(tree, exp.Set):
+            self._set(tree, statement)
         elif isinstance(tree, exp.Command):
             raise self._refuse(statement.start, construct="statement",
                                problem="this statement cannot be parsed as one statement.",
@@ -304,7 +313,8 @@ class _Compiler:
             return
         stream = self._select(query, statement)
         options = table_options(tree, self._locate)
-        mode = "update" if stream.is_aggregated else "append"
+        self._check_emit(stream, query, options.get("output_mode"))
+        mode = stream.emit_mode or ("update" if stream.is_aggregated else "append")
         if mode == "update":
             self._check_keys_kept(name, stream, target)
         if options:
@@ -337,10 +347,46 @@ class _Compiler:
                                problem="a script inserts the rows of a query.",
                                fix=f"Write INSERT INTO {name} SELECT ... FROM a source table.")
         stream = self._select(query, statement)
-        writer = table.writer(stream)
+        self._check_emit(stream, query, table.options.get("output_mode"))
+        writer = table.writer(stream, output_mode=stream.emit_mode)
         self._add_query(name, writer, f"INSERT INTO {name}", target)
 
+    def _set(self, tree: exp.Set, statement: _Statement) -> None:
+        """``SET 'name' = 'value'``: an option of the queries after it
+        (``SQLContext.set``; the one option is Flink's allowed lateness)."""
+        from microbatch.sql.context import SQLContext
+
+        for item in tree.expressions:
+            pair = item.this if isinstance(item, exp.SetItem) else None
+            if not (isinstance(pair, exp.EQ) and isinstance(pair.this, exp.Literal)
+                    and isinstance(pair.expression, exp.Literal)):
+                raise self._refuse(statement.start, construct="SET",
+                                   problem="a script's SET takes one quoted option and value.",
+                                   fix="Write SET 'table.exec.emit.allow-lateness' = '1 h';")
+            name, value = pair.this.name, pair.expression.name
+            try:
+                SQLContext().set(name, value)
+            except PlanError as exc:
+                where = pair.this if name != ALLOW_LATENESS else pair.expression
+                raise self._refuse(where, construct=f"SET '{name}'", problem=f"{exc}.",
+                                   fix="Write SET 'table.exec.emit.allow-lateness' = '1 h';"
+                                   ) from None
+            self.settings[name] = value
+
     # -------------------------------------------------------------- helpers
+
+    def _check_emit(self, stream: Stream, query: exp.Query, option: Option | None) -> None:
+        """An ``EMIT`` clause and the sink's ``'output_mode'`` option must agree."""
+        emit = query.args.get("emit")
+        if stream.emit_mode is None or option is None or option.value == stream.emit_mode:
+            return
+        clause = f"EMIT {emit.policy}" if isinstance(emit, Emit) else "EMIT"
+        raise self._refuse(
+            emit if isinstance(emit, Emit) else query, construct=clause,
+            problem=f"{clause} writes in output_mode '{stream.emit_mode}', but the table's "
+                    f"'output_mode' = '{option.value}' (line {option.line}, column "
+                    f"{option.column}) says otherwise.",
+            fix="Keep one: drop the 'output_mode' option (EMIT chooses), or the EMIT clause.")
 
     def _check_keys_kept(self, name: str, stream: Stream, target: exp.Expression) -> None:
         """An updating view upserts by its grouping keys (and window bounds): the
@@ -374,7 +420,7 @@ class _Compiler:
     def _select(self, query: exp.Query, statement: _Statement) -> Stream:
         """The stream of ``query`` through :func:`microbatch.sql`, with the script's
         tables and views it names (errors at the script's line and column)."""
-        from microbatch.sql.context import sql
+        from microbatch.sql.context import SQLContext
 
         start = statement.query_start()
         text = self.text[start:statement.end]
@@ -387,7 +433,10 @@ class _Compiler:
             elif name in self.tables:
                 streams[name] = self.tables[name].source()
         try:
-            stream: Stream = sql(text, **streams)
+            context = SQLContext(**streams)
+            for option, value in self.settings.items():
+                context.set(option, value)
+            stream: Stream = context.sql(text)
             return stream
         except SQLError as exc:
             raise _located(exc, self.source, self.file, base=start) from None
