@@ -54,8 +54,8 @@ from sqlglot.tokenizer_core import Token, TokenType
 from microbatch.api.stream import Stream
 from microbatch.api.writer import DataStreamWriter, output_keys
 from microbatch.exceptions import PlanError, SQLError
-from microbatch.sql.ddl import Option, TableDef, table_options
 from microbatch.sql.context import ALLOW_LATENESS
+from microbatch.sql.ddl import Option, TableDef, table_options
 from microbatch.sql.dialect import Emit, MicrobatchDialect
 from microbatch.sql.params import Substituted, substitute
 from microbatch.sql.parse import parse_statements
@@ -323,7 +323,7 @@ class _Compiler:
                                          locate=self._locate)
             writer = sink.writer(stream, output_mode=mode)
         else:
-            writer = stream.write_memory(name, output_mode=mode)  # type: ignore[arg-type]
+            writer = stream.write_memory(name, output_mode=mode)
         self._add_query(name, writer, f"CREATE MATERIALIZED VIEW {name}", target)
 
     def _insert(self, tree: exp.Insert, statement: _Statement) -> None:
@@ -381,8 +381,9 @@ class _Compiler:
         if stream.emit_mode is None or option is None or option.value == stream.emit_mode:
             return
         clause = f"EMIT {emit.policy}" if isinstance(emit, Emit) else "EMIT"
+        where: exp.Expression = emit if isinstance(emit, Emit) else query  # type: ignore[assignment]
         raise self._refuse(
-            emit if isinstance(emit, Emit) else query, construct=clause,
+            where, construct=clause,
             problem=f"{clause} writes in output_mode '{stream.emit_mode}', but the table's "
                     f"'output_mode' = '{option.value}' (line {option.line}, column "
                     f"{option.column}) says otherwise.",

@@ -10,9 +10,10 @@ table ``join_static``, a ``JOIN`` of two streams bounded in time
 ``join_asof_table``, ``SELECT DISTINCT`` over a window TVF a ``group_by`` of the
 window and keys; ``EMIT`` the writers' output mode (``ON WINDOW CLOSE``/``FINAL``:
 ``append``, ``ON UPDATE``: ``update``, ``CHANGES``: ``changelog``), and ``HAVING``
-on a window under an early ``EMIT`` ``fire_once(condition, corrections=True)``. Everything else is refused here, when the query is
-built, with a :class:`~microbatch.exceptions.SQLError` naming the construct,
-its line and column, and what to write instead (docs/sql.md, "Queries").
+on a window under an early ``EMIT`` ``fire_once(condition, corrections=True)``.
+Everything else is refused here, when the query is built, with a
+:class:`~microbatch.exceptions.SQLError` naming the construct, its line and column,
+and what to write instead (docs/sql.md, "Queries").
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from difflib import get_close_matches
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 from sqlglot import exp
@@ -34,6 +35,7 @@ from microbatch.plan.nodes import WatermarkNode
 from microbatch.plan.windows import session_window, window
 from microbatch.sql.dialect import Emit, WindowTVF
 from microbatch.sql.parse import position, refuse
+from microbatch.types import OutputMode
 from sinks.changelog import CHANGE_TYPE
 
 __all__ = ["StaticInput", "translate_select"]
@@ -721,9 +723,8 @@ class _Translator:
         if self.emit is None:
             return stream
         line, column = position(self.emit, self.text)
-        return stream._emitting(  # type: ignore[arg-type]
-            self.emit.output_mode, f"EMIT {self.emit.policy}", line, column
-        )
+        mode = cast("OutputMode", self.emit.output_mode)
+        return stream._emitting(mode, f"EMIT {self.emit.policy}", line, column)
 
     def early_emit(self) -> bool:
         """The query emits a window's row before it closes (``EMIT ON UPDATE``,
@@ -937,14 +938,9 @@ class _Translator:
         by: list[Any] = [spec] if spec is not None else []
         grouped = stream.group_by(*by, *keys).agg(*agg_exprs)
         out_scope = _Scope(grouped.schema)
-        fired = False
         if having is not None:
             condition = self.expr(self.over_aggs(having.this, aggs, scope), out_scope)
-            if tvf is not None and self.early_emit():
-                grouped = self.fire_once(grouped, condition, tvf, having)
-                fired = True
-            else:
-                grouped = grouped.filter(condition)
+            grouped = self.having(grouped, condition, tvf, having)
         # The SELECT list over the aggregation's columns.
         exprs: list[pl.Expr] = []
         names: list[str] = []
@@ -961,8 +957,8 @@ class _Translator:
                 )
             names.append(name)
             exprs.append(value.alias(name))
-        if fired and "revision" not in names:
-            names.append("revision")
+        if "revision" in grouped.schema and "revision" not in names:
+            names.append("revision")  # fire_once's corrections (an early EMIT's HAVING)
             exprs.append(pl.col("revision"))
         if names == list(grouped.schema) and all(
             isinstance(i.this if isinstance(i, exp.Alias) else i, exp.Column | exp.AggFunc)
@@ -971,13 +967,15 @@ class _Translator:
             return grouped  # the aggregation's own columns, in its order: no extra step
         return grouped.select(*exprs)
 
-    def fire_once(
-        self, grouped: Stream, condition: pl.Expr, tvf: WindowTVF, having: exp.Expr
+    def having(
+        self, grouped: Stream, condition: pl.Expr, tvf: WindowTVF | None, having: exp.Expr
     ) -> Stream:
-        """``HAVING`` on a window under an early ``EMIT``: the rule fires once per
-        window, in the first batch where it holds, then each later change of that
-        window follows as a correction (``revision`` 1, 2...):
-        ``fire_once(condition, corrections=True)``."""
+        """``HAVING``: a ``filter`` after the aggregation; on a window under an early
+        ``EMIT``, the rule fires once per window, in the first batch where it
+        holds, then each later change of that window follows as a correction
+        (``revision`` 1, 2...): ``fire_once(condition, corrections=True)``."""
+        if tvf is None or not self.early_emit():
+            return grouped.filter(condition)
         if tvf.kind == "SESSION":
             assert self.emit is not None
             raise self.error(
