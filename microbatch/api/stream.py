@@ -37,6 +37,7 @@ from microbatch.plan.nodes import (
     FireOnceNode,
     IntervalJoinNode,
     PlanNode,
+    ProcessingTimeNode,
     SourceNode,
     Step,
     StepNode,
@@ -241,6 +242,56 @@ class Stream:
                 self._plan, WatermarkSpec.parse(column, delay, idle_timeout, max_future_skew)
             )
         )
+
+    def with_processing_time(self, column: str = "proc_time") -> Stream:
+        """Add ``column``: the time the batch is processed at, as the stream's time
+        attribute (Flink's ``PROCTIME()``, Spark's ``current_timestamp()``).
+
+        Every row of batch N gets the processing timestamp recorded in its
+        write-ahead entry ``offsets/N`` (a ``Datetime("ms", "UTC")``), so a
+        re-run of the batch after a crash, or a replay of the checkpoint, gives
+        the same value, never the clock of the re-run. The column is the
+        stream's time attribute too: its watermark is the batch's own time
+        (delay 0), so ``group_by(mb.window(column, ...))`` groups rows by the
+        minute (or any window) they were processed in; a row is never late, and
+        a window is emitted by the first batch whose time is at or past its end
+        — on an idle stream, the no-data batch the trigger runs once the
+        clock passes the end. If the clock steps back, the value is raised to
+        the watermark in force (the previous batch's time): it never goes back.
+
+        Parameters
+        ----------
+        column
+            The name of the new column; refused if the stream already has one.
+
+        Returns
+        -------
+        Stream
+
+        Examples
+        --------
+        >>> from microbatch.testing import StreamTest
+        >>> t = StreamTest(
+        ...     lambda src: src.with_processing_time("proc_time")
+        ...     .group_by(mb.window("proc_time", "1m")).agg(pl.len().alias("n")),
+        ...     schema={"v": pl.Int64},
+        ... )
+        >>> _ = t.add({"v": [1, 2]}).advance_clock(30).process()  # 00:00:30
+        >>> _ = t.add({"v": [3]}).advance_clock(20).process()     # 00:00:50
+        >>> t.advance_clock(15).process()  # 00:01:05: an idle batch closes the minute
+        shape: (1, 3)
+        ┌─────────────────────────┬─────────────────────────┬─────┐
+        │ window_start            ┆ window_end              ┆ n   │
+        │ ---                     ┆ ---                     ┆ --- │
+        │ datetime[ms, UTC]       ┆ datetime[ms, UTC]       ┆ i64 │
+        ╞═════════════════════════╪═════════════════════════╪═════╡
+        │ 2026-01-01 00:00:00 UTC ┆ 2026-01-01 00:01:00 UTC ┆ 3   │
+        └─────────────────────────┴─────────────────────────┴─────┘
+        """
+        if not isinstance(column, str) or not column:
+            raise PlanError(f"with_processing_time needs a column name, got {column!r}")
+        spec = WatermarkSpec(column, 0, processing_time=True)
+        return self._with_plan(ProcessingTimeNode(self._plan, spec))
 
     def group_by(
         self,

@@ -25,6 +25,7 @@ from microbatch.plan.nodes import (
     AggregateJoinNode,
     AggregateNode,
     PlanNode,
+    ProcessingTimeNode,
     SourceNode,
     StatefulNode,
     StaticJoinNode,
@@ -180,7 +181,10 @@ class BatchExecutor:
                 return child
             return node.step.apply(child)
         if isinstance(node, WatermarkNode):
-            df = collect(self._lazy(node.child, inputs, ctx))
+            child = self._lazy(node.child, inputs, ctx)
+            if isinstance(node, ProcessingTimeNode):
+                child = child.with_columns(processing_time(ctx).alias(node.spec.column))
+            df = collect(child)
             self.tracker.observe(self._wm_ids[id(node)], df, ctx.timestamp_ms)
             return df.lazy()
         if isinstance(node, StatefulNode):
@@ -291,6 +295,15 @@ def validate_joins(plan: PlanNode, mode: OutputMode) -> None:
                 "re-emitted as it changes, and the join would match every version). Use "
                 "output_mode='append', or aggregate after the join."
             )
+
+
+def processing_time(ctx: OperatorContext) -> pl.Expr:
+    """The batch's processing time as a ``Datetime("ms", "UTC")`` literal: its
+    recorded timestamp, raised to the watermark in force (a clock that stepped
+    back never makes the batch's own rows late). Both are in ``offsets/N``, so
+    a re-run of the batch gives the same value."""
+    ms = ctx.timestamp_ms if ctx.watermark_ms is None else max(ctx.timestamp_ms, ctx.watermark_ms)
+    return pl.lit(ms, pl.Int64).cast(pl.Datetime("ms")).dt.replace_time_zone("UTC")
 
 
 def input_frame(source: Source, frame: pl.DataFrame) -> pl.DataFrame:

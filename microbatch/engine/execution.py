@@ -58,7 +58,7 @@ from microbatch.engine.faults import fault_point, side_fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
 from microbatch.engine.state_budget import StateBudget
 from microbatch.engine.trigger_loops import loop_for
-from microbatch.engine.watermark import PARTITION_COLUMN, event_time_reach_ms
+from microbatch.engine.watermark import PARTITION_COLUMN, closes_state, event_time_reach_ms
 from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError
 from microbatch.observability.latency import LatencyProbe
 from microbatch.observability.progress import ProgressStore
@@ -403,9 +403,13 @@ class MicroBatchExecution:
         # NOTE: a read-ahead ending within what is available now is the next batch
         ranges = self.read_ahead.ends_within(ranges) or ranges
         has_data = any(self.sources[sid].compare(e, s) > 0 for sid, (s, e) in ranges.items())
-        next_watermark = self.tracker.current
-        watermark_moved = next_watermark != self.watermark_in_force
         now_ms = int(self.clock() * 1000)
+        next_watermark = self.tracker.planned(now_ms)
+        watermark_moved = next_watermark != self.watermark_in_force
+        if watermark_moved and self.tracker.has_processing_time():
+            # NOTE: a processing-time watermark moves at every trigger; a no-data
+            # batch only when it crosses the end of some window
+            watermark_moved = closes_state(self.plan, self.watermark_in_force, next_watermark)
         if not has_data and not (
             watermark_moved and self.executor.has_expirable_state(next_watermark)
         ) and not self.executor.due(now_ms, next_watermark):

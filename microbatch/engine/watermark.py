@@ -22,7 +22,13 @@ import polars as pl
 
 from microbatch.frames import collect
 from microbatch.plan.event_time import WatermarkSpec, event_time_ms
-from microbatch.plan.nodes import AggregateNode, DedupeNode, IntervalJoinNode, PlanNode
+from microbatch.plan.nodes import (
+    AggregateNode,
+    DedupeNode,
+    IntervalJoinNode,
+    PlanNode,
+    StatefulNode,
+)
 from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.types import WatermarkPolicy
 
@@ -35,6 +41,7 @@ __all__ = [
     "PARTITION_COLUMN",
     "WatermarkSpec",
     "WatermarkTracker",
+    "closes_state",
     "event_time_ms",
     "event_time_reach_ms",
 ]
@@ -62,6 +69,30 @@ def event_time_reach_ms(plan: PlanNode) -> int:
             reach += node.within_ms or 0
     return reach
 
+
+
+def closes_state(plan: PlanNode, before: int | None, after: int | None) -> bool:
+    """Whether moving the watermark from ``before`` to ``after`` can close or
+    evict anything: for tumbling and hopping windows, only when it crosses a
+    window end (a multiple of the slide, or that plus the allowed lateness);
+    any other stateful node is assumed to have something (its operator's
+    ``has_expirable_state`` decides).
+
+    A processing-time watermark moves at every trigger; this keeps an idle query
+    from running a no-data batch per trigger when no window ends in between.
+    """
+    if after is None or before is None or after <= before:
+        return False
+    for node in plan.walk():
+        if isinstance(node, AggregateNode) and isinstance(node.window, WindowSpec):
+            slide, late = node.window.slide_ms, node.window.allowed_lateness_ms
+            if any((after - lag) // slide > (before - lag) // slide for lag in {0, late}):
+                return True
+        elif isinstance(node, StatefulNode) and not (
+            isinstance(node, AggregateNode) and node.window is None
+        ):
+            return True
+    return False
 
 
 class WatermarkTracker:
@@ -133,8 +164,11 @@ class WatermarkTracker:
         return out
 
     def node_watermark(self, node_id: str, now_ms: int) -> int | None:
-        """The watermark of one node: min over active partitions of max - delay."""
+        """The watermark of one node: min over active partitions of max - delay;
+        ``now_ms`` for a processing-time node (its rows all carry the batch's time)."""
         spec = self.specs[node_id]
+        if spec.processing_time:
+            return now_ms
         parts = self.partitions[node_id]
         if not parts:
             return None
@@ -149,14 +183,37 @@ class WatermarkTracker:
 
     def advance(self, now_ms: int) -> int | None:
         """Recompute the watermark after a batch; it never moves backwards."""
+        self.current = self._at(now_ms)
+        return self.current
+
+    def planned(self, now_ms: int) -> int | None:
+        """The watermark in force for a batch planned at processing time ``now_ms``.
+
+        The value computed after the previous batch (:meth:`advance`), except on
+        a stream with a processing-time attribute (``with_processing_time``):
+        its watermark is the batch's own time, so a batch closes every
+        processing-time window that ends at or before the moment it was planned
+        (its own rows, stamped with that moment, are never late), and an idle
+        query's trigger still runs the no-data batch that closes them. The value
+        is recorded in ``offsets/N``: a re-run uses it, never the clock.
+        """
+        if not self.has_processing_time():
+            return self.current
+        return self._at(now_ms)
+
+    def has_processing_time(self) -> bool:
+        """Some watermark node is a processing-time attribute."""
+        return any(spec.processing_time for spec in self.specs.values())
+
+    def _at(self, now_ms: int) -> int | None:
+        """The nodes' watermarks at ``now_ms`` combined by the policy, never below
+        :attr:`current` (no change to the tracker)."""
         values = [self.node_watermark(nid, now_ms) for nid in self.specs]
         known = [v for v in values if v is not None]
         if not known or (self.policy == "min" and len(known) < len(values)):
             return self.current
         new = min(known) if self.policy == "min" else max(known)
-        if self.current is None or new > self.current:
-            self.current = new
-        return self.current
+        return new if self.current is None or new > self.current else self.current
 
     def raise_to(self, watermark_ms: int | None) -> None:
         """Hold the watermark at ``watermark_ms`` at least (it never moves backwards).

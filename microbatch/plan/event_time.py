@@ -29,6 +29,9 @@ class WatermarkSpec:
     """Rows with event time more than this after the batch's processing time
     do not advance the watermark (one clock-skewed device cannot make every
     other row late); they are still processed and counted."""
+    processing_time: bool = False
+    """The column is the batch's processing time (``with_processing_time``):
+    the watermark is the batch's own recorded timestamp, not the rows' maxima."""
 
     @classmethod
     def parse(

@@ -233,6 +233,32 @@ class WatermarkNode(PlanNode):
         return f"Watermark({self.spec.column}, delay={self.spec.delay_ms}ms{idle})"
 
 
+@dataclass(frozen=True, eq=False)
+class ProcessingTimeNode(WatermarkNode):
+    """Adds ``spec.column``: the batch's recorded processing time (a UTC
+    ``Datetime("ms")``), and makes it the stream's time attribute with a
+    watermark of the batch's own time (``with_processing_time``)."""
+
+    def derive_schema(self, inputs: tuple[pl.Schema, ...]) -> pl.Schema | None:
+        schema = inputs[0]
+        if self.spec.column in schema:
+            from microbatch.exceptions import PlanError
+
+            raise PlanError(
+                f"with_processing_time({self.spec.column!r}): the stream already has a column "
+                f"{self.spec.column!r}; name the processing-time column differently, or drop "
+                "or rename the existing one first"
+            )
+        return pl.Schema({**schema, self.spec.column: PROCESSING_TIME_TYPE})
+
+    def label(self) -> str:
+        return f"ProcessingTime({self.spec.column})"
+
+
+PROCESSING_TIME_TYPE = pl.Datetime("ms", "UTC")
+"""The type of a ``with_processing_time`` column."""
+
+
 def describe_grouping(
     window: WindowSpec | SessionWindowSpec | None, keys: Sequence[str], aggs: Sequence[AggSpec]
 ) -> str:

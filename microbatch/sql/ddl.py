@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import polars as pl
@@ -258,6 +258,8 @@ class TableDef:
     line: int | None = None
     column: int | None = None
     _locate: Locate | None = field(default=None, repr=False, compare=False)
+    processing_time: str | None = None
+    """The column declared ``name AS PROCTIME()``: ``with_processing_time(name)``."""
 
     # -------------------------------------------------------------- building
 
@@ -271,9 +273,12 @@ class TableDef:
         line, column = locate(table)
         columns: dict[str, pl.DataType] = {}
         watermark: tuple[str, str] | None = None
+        proctime: str | None = None
         if isinstance(schema_node, exp.Schema):
             for item in schema_node.expressions:
-                if isinstance(item, exp.ColumnDef):
+                if isinstance(item, exp.ColumnDef) and _computed(item) is not None:
+                    proctime = _proctime_column(name, item, proctime, locate)
+                elif isinstance(item, exp.ColumnDef):
                     columns[item.name] = _column_type(name, item, locate)
                 elif isinstance(item, exp.WatermarkColumnConstraint):
                     watermark = _watermark(name, item, locate)
@@ -285,6 +290,19 @@ class TableDef:
                         "WATERMARK FOR col AS col - INTERVAL 'n' SECOND",
                         line=where[0], column=where[1], construct=item.sql(),
                     )
+        if proctime is not None and proctime in columns:
+            raise script_error(
+                f"table {name}: {proctime} is declared twice, as a column and AS PROCTIME(); "
+                "name the processing-time column differently",
+                line=line, column=column, construct=f"{proctime} AS PROCTIME()",
+            )
+        if watermark is not None and watermark[0] == proctime:
+            raise script_error(
+                f"table {name}: {proctime} AS PROCTIME() is a processing-time attribute, "
+                "its watermark is the batch's own time; drop WATERMARK FOR "
+                f"{proctime} (a watermark is for an event-time column)",
+                line=line, column=column, construct=f"WATERMARK FOR {proctime}",
+            )
         if watermark is not None and columns and watermark[0] not in columns:
             raise script_error(
                 f"table {name}: WATERMARK FOR {watermark[0]} names no "
@@ -292,8 +310,18 @@ class TableDef:
                 line=line, column=column, construct=f"WATERMARK FOR {watermark[0]}",
             )
         options = table_options(create, locate)
-        return cls.from_options(name, options, columns=pl.Schema(columns) if columns else None,
-                                watermark=watermark, line=line, column=column, locate=locate)
+        table = cls.from_options(name, options,
+                                 columns=pl.Schema(columns) if columns else None,
+                                 watermark=watermark, line=line, column=column, locate=locate)
+        if proctime is None:
+            return table
+        if "source" not in table.roles:
+            raise script_error(
+                f"table {name}: {proctime} AS PROCTIME() is taken on a source, and the "
+                f"'{table.connector}' connector is only a sink; drop the column",
+                line=line, column=column, construct=f"{proctime} AS PROCTIME()",
+            )
+        return replace(table, processing_time=proctime)
 
     @classmethod
     def from_options(cls, name: str, options: Mapping[str, Option], *,
@@ -349,6 +377,8 @@ class TableDef:
         stream = _SOURCES[self.connector](self, kwargs)
         if self.watermark is not None:
             stream = stream.with_watermark(*self.watermark)
+        if self.processing_time is not None:
+            stream = stream.with_processing_time(self.processing_time)
         return stream
 
     def writer(self, stream: Stream, *, output_mode: str | None = None) -> DataStreamWriter:
@@ -487,6 +517,39 @@ def _column_type(table: str, item: exp.ColumnDef, locate: Locate) -> pl.DataType
             f"not taken; use {exc}",
             line=where[0], column=where[1], construct=kind.sql(),
         ) from None
+
+
+def _computed(item: exp.ColumnDef) -> exp.ComputedColumnConstraint | None:
+    """The ``AS expr`` of a computed column (``name AS PROCTIME()``), if any."""
+    for constraint in item.args.get("constraints") or []:
+        if isinstance(constraint.args.get("kind"), exp.ComputedColumnConstraint):
+            kind: exp.ComputedColumnConstraint = constraint.args["kind"]
+            return kind
+    return None
+
+
+def _proctime_column(table: str, item: exp.ColumnDef, seen: str | None,
+                     locate: Locate) -> str:
+    """``name AS PROCTIME()``: the table's processing-time column (Flink's form);
+    any other computed column, or a second one, is refused at the column."""
+    computed = _computed(item)
+    assert computed is not None
+    call = computed.this
+    where = locate(item.this)
+    if not (isinstance(call, exp.Anonymous) and str(call.this).upper() == "PROCTIME"
+            and not call.expressions):
+        raise script_error(
+            f"table {table}: the computed column {item.name} AS {call.sql()} is not "
+            f"taken; the only computed column is `{item.name} AS PROCTIME()` (compute "
+            "other values in the query's SELECT)",
+            line=where[0], column=where[1], construct=item.name,
+        )
+    if seen is not None:
+        raise script_error(
+            f"table {table}: {seen} is already its PROCTIME() column; keep one",
+            line=where[0], column=where[1], construct=item.name,
+        )
+    return item.name
 
 
 def _watermark(table: str, item: exp.WatermarkColumnConstraint,

@@ -41,6 +41,9 @@ def _running_count(inp: mb.StateInput) -> mb.StateOutput:
 QUERIES: dict[str, tuple[Callable[[], mb.Stream], str]] = {
     "stateless": (lambda: payments().filter(pl.col("amount") > 5).with_columns(
         fee=pl.col("amount") * 0.01, day=pl.col("event_time").dt.date()), "append"),
+    "processing_time": (lambda: payments().with_processing_time("proc_time")
+                        .group_by(mb.window("proc_time", "1m"), "card_id")
+                        .agg(n=pl.len(), total=pl.col("amount").sum()), "update"),
     "tumbling": (lambda: payments().with_watermark("event_time", "5s")
                  .group_by(mb.window("event_time", "10s"), "card_id")
                  .agg(n=pl.len(), total=pl.col("amount").sum(), mean=pl.col("amount").mean(),
