@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -49,11 +50,15 @@ class S3Server:
         return name
 
 
+ATOMIC_MOTO = Path(__file__).with_name("atomic_moto_server.py")
+"""moto_server with atomic conditional PUTs (see that module)."""
+
+
 @contextlib.contextmanager
 def running_s3_server() -> Iterator[S3Server]:
     """``moto_server`` on 127.0.0.1 with a free port, stopped on exit."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+        [sys.executable, str(ATOMIC_MOTO), "-H", "127.0.0.1", "-p", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     url = None
