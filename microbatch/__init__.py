@@ -58,7 +58,7 @@ from microbatch.exceptions import (
 )
 from microbatch.plan.stateful import StateInput, StateOutput
 from microbatch.plan.triggers import AvailableNow, Once, ProcessingTime
-from microbatch.plan.windows import session_window, window
+from microbatch.plan.windows import cumulate_window, session_window, window
 from microbatch.sql.context import SQLContext, sql
 
 _compat.install()
@@ -97,6 +97,7 @@ __all__ = [
     "TriggerError",
     "UnknownColumnError",
     "__version__",
+    "cumulate_window",
     "generate",
     "parquet_table",
     "read_delta",

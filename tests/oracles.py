@@ -32,6 +32,41 @@ def tumbling_or_hopping(
     )
 
 
+def cumulating(
+    rows: pl.DataFrame,
+    *,
+    time: str,
+    keys: list[str],
+    size_ms: int,
+    step_ms: int,
+    aggs: list[pl.Expr],
+    by_row: bool = False,
+) -> pl.DataFrame:
+    """Every (window, keys) aggregate of cumulating windows over ``rows``: a row
+    at t is in each window [p, p + j * step) of its period p = floor(t / size) *
+    size that ends after t (``by_row``: the (row, window) assignments)."""
+    t = pl.col(time).dt.epoch("ms")
+    steps = pl.DataFrame({"__j": list(range(1, size_ms // step_ms + 1))})
+    assigned = (
+        rows.with_columns(((t // size_ms) * size_ms).alias("ws"), t.alias("__t"))
+        .join(steps, how="cross")
+        .with_columns((pl.col("ws") + pl.col("__j") * step_ms).alias("we"))
+        .filter(pl.col("we") > pl.col("__t"))
+        .drop("__j", "__t")
+    )
+    if by_row:
+        return assigned
+    return assigned.group_by(["ws", "we", *keys], maintain_order=True).agg(aggs)
+
+
+def windows_of(spec: object, rows: pl.DataFrame, **kwargs: object) -> pl.DataFrame:
+    """The oracle for a ``mb.window`` or ``mb.cumulate_window`` spec (see above)."""
+    size_ms, slide_ms = spec.size_ms, spec.slide_ms  # type: ignore[attr-defined]
+    if spec.cumulative:  # type: ignore[attr-defined]
+        return cumulating(rows, size_ms=size_ms, step_ms=slide_ms, **kwargs)  # type: ignore[arg-type]
+    return tumbling_or_hopping(rows, size_ms=size_ms, slide_ms=slide_ms, **kwargs)  # type: ignore[arg-type]
+
+
 def sessions(
     rows: pl.DataFrame, *, time: str, keys: list[str], gap_ms: int, aggs: list[pl.Expr]
 ) -> pl.DataFrame:

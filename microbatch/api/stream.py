@@ -783,8 +783,9 @@ class Stream:
         how: JoinHow = "inner",
     ) -> Stream:
         """Window join: pairs of rows with equal ``on`` keys that fall in the same
-        event-time ``window`` (``mb.window(col, size[, slide])``; ``col`` must be
-        a column of both streams).
+        event-time ``window`` (``mb.window(col, size[, slide])`` or
+        ``mb.cumulate_window(col, size, step)``; ``col`` must be a column of both
+        streams).
 
         Output: ``window_start``, ``window_end``, the keys, this stream's other
         columns, the other stream's (``_right`` on a clash). A pair is emitted
@@ -974,6 +975,11 @@ class Stream:
             raise PlanError(
                 f"join: on={list(keys)} must include 'window_start' so that rows of the same "
                 "window are joined (windows of different times never meet in one batch)"
+            )
+        if windows[0].cumulative and "window_end" not in keys:
+            raise PlanError(
+                f"join: on={list(keys)} must include 'window_end' for cumulating windows: "
+                "the windows of one period share their window_start"
             )
         self._check_join_inputs(other, "join", watermarks=True)
         node = AggregateJoinNode(self._plan, other.plan, AggregateJoinSpec(keys, how))
@@ -2436,8 +2442,8 @@ def window_columns_step(window: WindowSpec) -> Step:
         t = event_time_ms(window.column, schema)
         assigned = assign_windows(lf.with_columns(t.alias("__mb_t")), window, "__mb_t")
         return assigned.with_columns(
-            ms_to_time(pl.col("__ws"), dtype).alias("window_start"),
-            ms_to_time(pl.col("__ws") + window.size_ms, dtype).alias("window_end"),
+            ms_to_time(window.start_of(pl.col("__ws")), dtype).alias("window_start"),
+            ms_to_time(window.end_of(pl.col("__ws")), dtype).alias("window_end"),
         ).drop("__ws", "__mb_t")
 
     return Step("window_columns", (window.describe(),), apply)

@@ -127,8 +127,8 @@ class DiscardingAggregate(StatefulOperator):
         if self.window is not None:
             dtype = schema[self.window.column]
             cols += [
-                ms_to_time(pl.col(WS), dtype).alias("window_start"),
-                ms_to_time(pl.col(WS) + self.window.size_ms, dtype).alias("window_end"),
+                ms_to_time(self.window.start_of(pl.col(WS)), dtype).alias("window_start"),
+                ms_to_time(self.window.end_of(pl.col(WS)), dtype).alias("window_end"),
             ]
         return cols + [pl.col(k) for k in self.keys] + [pl.col(a.output) for a in self.aggs]
 

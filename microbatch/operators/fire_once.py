@@ -68,8 +68,11 @@ class FireOnce(SingleStoreOperator):
         allowed_lateness_ms: int,
         corrections: bool,
         changelog: bool = False,
+        cumulative: bool = False,
     ) -> None:
         self.operator_id = operator_id
+        # NOTE: cumulating windows share their starts, so a window is known by its end
+        self.window_id = "window_end" if cumulative else "window_start"
         self.condition = condition
         self.keys = keys
         self.allowed_lateness_ms = allowed_lateness_ms
@@ -86,6 +89,7 @@ class FireOnce(SingleStoreOperator):
             "keys": self.keys,
             "allowed_lateness_ms": self.allowed_lateness_ms,
             "corrections": self.corrections,
+            **({"window_id": self.window_id} if self.window_id != "window_start" else {}),
         }
 
     def open(self, state_dir: Path | None, batch_id: int) -> None:
@@ -158,7 +162,7 @@ class FireOnce(SingleStoreOperator):
             df = df.filter(kind != UPDATE_PREIMAGE).drop(CHANGE_TYPE)
         try:
             rows = df.with_columns(
-                event_time_ms("window_start", df.schema).alias(WS),
+                event_time_ms(self.window_id, df.schema).alias(WS),
                 self.condition.fill_null(False).alias(FIRE),
             )
         except pl.exceptions.PolarsError as exc:
@@ -197,7 +201,7 @@ class FireOnce(SingleStoreOperator):
             .alias(CHANGE_TYPE),
             pl.lit(1, pl.Int8).alias("__side"),
         )
-        window = ["window_start", *self.keys]
+        window = [self.window_id, *self.keys]
         pre = (
             chosen.filter("__found")
             .select("__pos", *window, REV)
@@ -226,4 +230,5 @@ def build_fire_once(node: FireOnceNode, operator_id: str, mode: OutputMode) -> S
         allowed_lateness_ms=getattr(window, "allowed_lateness_ms", 0),
         corrections=node.corrections,
         changelog=mode == "changelog",
+        cumulative=getattr(window, "cumulative", False),
     )

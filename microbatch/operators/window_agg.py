@@ -319,7 +319,7 @@ class WindowAggregate(SingleStoreOperator):
                 collect(live), WS, self.keys, self.window.slide_ms,
                 [e for a in self.aggs for e in a.partials(df.schema)],
             ).with_columns(
-                (pl.col(WS) + self.window.size_ms).alias(EXPIRE),
+                self.window.end_of(pl.col(WS)).alias(EXPIRE),
                 pl.lit(-1, pl.Int64).alias(REV),
             )
             buffer.append(partials)
@@ -389,7 +389,7 @@ class WindowAggregate(SingleStoreOperator):
                     pl.when(take_batch).then(b[v]).otherwise(s[v]).alias(v),
                 ]
         if self.window is not None:
-            end = pl.col(WS) + self.window.size_ms
+            end = self.window.end_of(pl.col(WS))
             first_expiry = (
                 end if self.output_mode == "append" else end + self.window.allowed_lateness_ms
             )
@@ -423,10 +423,10 @@ class WindowAggregate(SingleStoreOperator):
         closing = due.filter(pl.col(REV) < 0).with_columns(pl.lit(0, pl.Int64).alias(REV))
         changed = empty
         if merged is not None and self.window.allowed_lateness_ms:
-            end = pl.col(WS) + self.window.size_ms
+            end = self.window.end_of(pl.col(WS))
             changed = merged.filter((pl.col(REV) >= 0) & (end <= wm)).with_columns(pl.col(REV) + 1)
         if self.window.allowed_lateness_ms:
-            kept_until = pl.col(WS) + self.window.size_ms + self.window.allowed_lateness_ms
+            kept_until = self.window.end_of(pl.col(WS)) + self.window.allowed_lateness_ms
             keep = pl.concat([closing, changed]).filter(kept_until > wm)
             if keep.height:
                 store.upsert(keep.with_columns(kept_until.alias(EXPIRE)))
@@ -448,7 +448,7 @@ class WindowAggregate(SingleStoreOperator):
         before = self._finalize(self._before)
         self._before = None
         key = [*(["window_start", "window_end"] if self.window else []), *self.keys]
-        order = [*(["window_start"] if self.window else []), *self._orderable_keys()]
+        order = [*(["window_start", "window_end"] if self.window else []), *self._orderable_keys()]
         return diff_rows(before, new, keys=key, order_by=order)
 
     def _finalize(self, rows: pl.DataFrame) -> pl.DataFrame:
@@ -457,8 +457,8 @@ class WindowAggregate(SingleStoreOperator):
         if self.window is not None:
             dtype = self.out_time_dtype or pl.Datetime("ms")
             out += [
-                ms_to_time(pl.col(WS), dtype).alias("window_start"),
-                ms_to_time(pl.col(WS) + self.window.size_ms, dtype).alias("window_end"),
+                ms_to_time(self.window.start_of(pl.col(WS)), dtype).alias("window_start"),
+                ms_to_time(self.window.end_of(pl.col(WS)), dtype).alias("window_end"),
             ]
         out += [pl.col(k) for k in self.keys]
         out += [a.finalize() for a in self.aggs]
@@ -480,7 +480,7 @@ def split_late_windows(
     window (with ``late_reason``), at watermark ``wm`` (``None``: only null times are late).
 
     A row is late when its oldest window is closed (for tumbling windows:
-    its only window). Late rows go to the late output; a hopping row whose
+    its only window). Late rows go to the late output; a hopping or cumulating row whose
     newer windows are still open also counts in those (Spark's rule: a
     closed window's assignment is dropped, an open one is kept).
     """
@@ -510,5 +510,5 @@ def split_late_windows(
         marked.lazy().filter(pl.col(TIME).is_not_null()).drop("__late"), spec, TIME
     )
     if wm is not None:
-        live = live.filter(pl.col(WS) + spec.size_ms > wm)
+        live = live.filter(spec.end_of(pl.col(WS)) > wm)
     return live, late

@@ -1,8 +1,15 @@
 """Window specs and vectorized window assignment.
 
 ``window(col, size)`` tumbles, ``window(col, size, slide=...)`` hops,
-``session_window(col, gap)`` groups a key's events separated by less than
-``gap``. Windows are half-open ``[start, end)`` and aligned to the epoch.
+``cumulate_window(col, size, step)`` grows from a fixed start by ``step`` up to
+``size`` (Flink's ``CUMULATE``), ``session_window(col, gap)`` groups a key's
+events separated by less than ``gap``. Windows are half-open ``[start, end)``
+and aligned to the epoch.
+
+Operators keep a window's identity in one Int64 column (``__ws``, its *key*):
+the window start for tumbling and hopping windows, the window end for
+cumulating ones (their windows share starts, never ends). ``start_of`` and
+``end_of`` turn a key into the window's bounds.
 """
 
 from __future__ import annotations
@@ -18,20 +25,36 @@ from microbatch.plan.columns import column_name
 
 @dataclass(frozen=True)
 class WindowSpec:
-    """A tumbling (``slide == size``) or hopping event-time window."""
+    """A tumbling (``slide == size``), hopping or cumulating event-time window.
+
+    A cumulating window (``cumulative=True``) has ``size_ms`` as its largest
+    size and ``slide_ms`` as its step: from each start (a multiple of the
+    size) it ends after one step, two steps, ... up to the size.
+    """
 
     column: str
     size_ms: int
     slide_ms: int
     allowed_lateness_ms: int = 0
+    cumulative: bool = False
 
     @property
     def is_tumbling(self) -> bool:
         return self.size_ms == self.slide_ms
 
+    def start_of(self, key: pl.Expr) -> pl.Expr:
+        """A window's start (epoch ms) from its key (see the module doc)."""
+        if self.cumulative:
+            return ((key - 1) // self.size_ms) * self.size_ms
+        return key
+
+    def end_of(self, key: pl.Expr) -> pl.Expr:
+        """A window's end (epoch ms, exclusive) from its key (see the module doc)."""
+        return key if self.cumulative else key + self.size_ms
+
     def describe(self) -> dict[str, object]:
         doc: dict[str, object] = {
-            "kind": "window",
+            "kind": "cumulate_window" if self.cumulative else "window",
             "column": self.column,
             "size_ms": self.size_ms,
             "slide_ms": self.slide_ms,
@@ -97,8 +120,8 @@ def window(
 
     Examples
     --------
-    >>> mb.window("ts", "10m", "5m")
-    WindowSpec(column='ts', size_ms=600000, slide_ms=300000, allowed_lateness_ms=0)
+    >>> mb.window("ts", "10m", "5m").describe()
+    {'kind': 'window', 'column': 'ts', 'size_ms': 600000, 'slide_ms': 300000}
 
     Counts per 2-minute window, hopping by 1 minute (each row is in two
     windows):
@@ -142,22 +165,113 @@ def window(
     >>> out.select(pl.col("window_start").dt.strftime("%H:%M"), "n", "revision").rows()
     [('00:00', 1, 0), ('00:01', 1, 0), ('00:00', 2, 1)]
     """
-    column = column_name(column, "mb.window")
-    size_ms = parse_duration_ms(size, what="window size")
-    slide_ms = size_ms if slide is None else parse_duration_ms(slide, what="window slide")
-    if size_ms <= 0 or slide_ms <= 0:
-        raise PlanError(f"window size and slide must be positive, got {size!r} / {slide!r}")
-    if size_ms % slide_ms:
+    return _fixed_windows(
+        column_name(column, "mb.window"), size, size if slide is None else slide,
+        allowed_lateness, cumulative=False,
+    )
+
+
+def cumulate_window(
+    column: str | pl.Expr,
+    size: str | int,
+    step: str | int,
+    *,
+    allowed_lateness: str | int | None = None,
+) -> WindowSpec:
+    """Cumulating windows on ``column``: from each start, one window per ``step``
+    up to ``size`` (Flink SQL's ``CUMULATE``).
+
+    The starts are aligned to the epoch every ``size``; from a start ``s`` the
+    windows are ``[s, s + step)``, ``[s, s + 2*step)``, ... ``[s, s + size)``,
+    so a row at ``t`` falls in every one of them that ends after ``t``. This
+    is the daily total reported every hour: ``cumulate_window("ts", "1d",
+    "1h")``. Each window closes, and in append mode is emitted once, when the
+    watermark reaches its end, so the day's running total appears hour by
+    hour, each row final. Use it in :meth:`Stream.group_by` (``window_start``,
+    ``window_end`` columns, typed like ``column``) or :meth:`Stream.join_window`.
+
+    Parameters
+    ----------
+    column
+        The event-time column (a name or ``pl.col(name)``): a Datetime, a Date,
+        or an integer of epoch milliseconds.
+    size
+        The largest window, and the distance between starts: a duration string
+        (``"1d"``), seconds, or a ``timedelta``.
+    step
+        How much each window of a start grows; ``size`` must be a multiple.
+    allowed_lateness
+        As in :func:`window`: keep a closed window's state that much longer and
+        emit corrected rows with the next ``revision``.
+
+    Returns
+    -------
+    WindowSpec
+
+    Raises
+    ------
+    PlanError
+        When ``size`` or ``step`` is not positive, ``size`` is not a multiple
+        of ``step``, or a duration cannot be parsed.
+
+    Examples
+    --------
+    Counts over the first 1, 2 and 3 minutes of each 3-minute period:
+
+    >>> from datetime import datetime
+    >>> times = [(0, 10), (1, 20), (1, 50), (2, 30), (4, 0)]
+    >>> events = pl.DataFrame({"ts": [datetime(2026, 1, 1, 0, m, s) for m, s in times]})
+    >>> query = (
+    ...     mb.read_memory(events)
+    ...     .with_watermark("ts", "0s")
+    ...     .group_by(mb.cumulate_window("ts", "3m", "1m"))
+    ...     .agg(pl.len().alias("n"))
+    ...     .write_memory("doc_cumulate")
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> out = mb.table("doc_cumulate")
+    >>> out.select(pl.col("window_start", "window_end").dt.strftime("%H:%M"), "n").rows()
+    [('00:00', '00:01', 1), ('00:00', '00:02', 3), ('00:00', '00:03', 4)]
+
+    The 00:04 row's windows (from 00:03) are still open.
+    """
+    return _fixed_windows(
+        column_name(column, "mb.cumulate_window"), size, step, allowed_lateness,
+        cumulative=True,
+    )
+
+
+def _fixed_windows(
+    column: str,
+    size: str | int,
+    step: str | int,
+    allowed_lateness: str | int | None,
+    *,
+    cumulative: bool,
+) -> WindowSpec:
+    """The spec of :func:`window` (``step`` is the slide) or :func:`cumulate_window`,
+    its durations parsed and checked."""
+    what = "cumulate window" if cumulative else "window"
+    step_name = "step" if cumulative else "slide"
+    size_ms = parse_duration_ms(size, what=f"{what} size")
+    step_ms = parse_duration_ms(step, what=f"{what} {step_name}")
+    if size_ms <= 0 or step_ms <= 0:
         raise PlanError(
-            f"window size {size!r} is not a multiple of slide {slide!r}; choose a slide "
-            "that divides the size (e.g. size '5m', slide '1m')"
+            f"{what} size and {step_name} must be positive, got {size!r} / {step!r}"
+        )
+    if size_ms % step_ms:
+        raise PlanError(
+            f"{what} size {size!r} is not a multiple of {step_name} {step!r}; choose a "
+            f"{step_name} that divides the size (e.g. size '1h', {step_name} '5m')"
         )
     lateness = (
         0
         if allowed_lateness is None
         else parse_duration_ms(allowed_lateness, what="allowed_lateness")
     )
-    return WindowSpec(column, size_ms, slide_ms, lateness)
+    return WindowSpec(column, size_ms, step_ms, lateness, cumulative=cumulative)
 
 
 def session_window(column: str | pl.Expr, gap: str | int) -> SessionWindowSpec:
@@ -223,12 +337,21 @@ def session_window(column: str | pl.Expr, gap: str | int) -> SessionWindowSpec:
 
 
 def assign_windows(lf: pl.LazyFrame, spec: WindowSpec, ts_ms: str) -> pl.LazyFrame:
-    """Add ``__ws`` (window start, epoch ms): one row per (row, window) it falls in.
+    """Add ``__ws`` (the window's key, epoch ms): one row per (row, window) it falls in.
 
     Tumbling: ``floor(t / size) * size``. Hopping: the ``size / slide``
-    windows whose start is ``floor(t / slide) * slide - i * slide``. Vectorized.
+    windows whose start is ``floor(t / slide) * slide - i * slide``.
+    Cumulating (keyed by end): the ends ``floor(t / step) * step + step``, one
+    step more, ... up to the row's start plus the size. Vectorized.
     """
     last_start = (pl.col(ts_ms) // spec.slide_ms) * spec.slide_ms
+    if spec.cumulative:
+        first_end = last_start + spec.slide_ms
+        last_end = (pl.col(ts_ms) // spec.size_ms) * spec.size_ms + spec.size_ms
+        steps = (last_end - first_end) // spec.slide_ms + 1
+        return lf.with_columns(
+            (first_end + pl.int_ranges(0, steps, dtype=pl.Int64) * spec.slide_ms).alias("__ws")
+        ).explode("__ws")
     if spec.is_tumbling:
         return lf.with_columns(last_start.alias("__ws"))
     k = spec.size_ms // spec.slide_ms

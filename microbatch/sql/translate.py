@@ -3,9 +3,9 @@
 Stateless SQL (projection, ``WHERE``, ``CASE``, casts, the functions Polars
 SQL supports) becomes ``filter``/``select`` steps whose expressions are
 ``pl.sql_expr`` of the SQL text; a window TVF with ``GROUP BY window_start,
-window_end, keys`` becomes ``group_by(mb.window(...) | mb.session_window(...),
-keys).agg(...)``, ``HAVING`` a ``filter`` after it, a ``JOIN`` with a static
-table ``join_static``, a ``JOIN`` of two streams bounded in time
+window_end, keys`` becomes ``group_by(mb.window(...) | mb.cumulate_window(...)
+| mb.session_window(...), keys).agg(...)``, ``HAVING`` a ``filter`` after it, a
+``JOIN`` with a static table ``join_static``, a ``JOIN`` of two streams bounded in time
 ``join_interval``, ``FOR SYSTEM_TIME AS OF`` a stream of versions
 ``join_asof_table``, ``SELECT DISTINCT`` over a window TVF a ``group_by`` of the
 window and keys; ``EMIT`` the writers' output mode (``ON WINDOW CLOSE``/``FINAL``:
@@ -32,7 +32,7 @@ from microbatch.api.stream import Stream
 from microbatch.exceptions import PlanError, SQLError
 from microbatch.plan.joins import StaticTable
 from microbatch.plan.nodes import WatermarkNode
-from microbatch.plan.windows import session_window, window
+from microbatch.plan.windows import cumulate_window, session_window, window
 from microbatch.sql.dialect import Emit, WindowTVF
 from microbatch.sql.parse import position, refuse
 from microbatch.types import OutputMode
@@ -227,22 +227,15 @@ class _Translator:
                 f"WATERMARK FOR {time} AS {time} - INTERVAL '10' SECOND in its CREATE TABLE.",
             )
         sizes = tvf.expressions
-        if tvf.kind == "CUMULATE":
-            raise self.error(
-                tvf,
-                "CUMULATE",
-                "cumulating windows have no operator in the engine yet.",
-                "Use HOP(TABLE t, DESCRIPTOR(ts), step, size) for overlapping windows, or "
-                "TUMBLE with the step as size and sum the windows downstream.",
-                keyword="CUMULATE",
-            )
-        expected = {"TUMBLE": 1, "HOP": 2, "SESSION": 1}[tvf.kind]
+        expected = {"TUMBLE": 1, "HOP": 2, "CUMULATE": 2, "SESSION": 1}[tvf.kind]
         if len(sizes) != expected:
             raise self.error(
                 tvf,
                 tvf.kind,
                 f"{tvf.kind} takes {expected} interval(s), got {len(sizes)}.",
-                "HOP takes the slide then the size (Flink's order); TUMBLE a size; SESSION a gap.",
+                "HOP takes the slide then the size, CUMULATE the step then the size (Flink's "
+                "order); TUMBLE a size; SESSION a gap.",
+                keyword=tvf.kind,
             )
         lateness = self.allowed_lateness
         if tvf.kind == "TUMBLE":
@@ -251,13 +244,18 @@ class _Translator:
             slide = self.duration(sizes[0], "HOP slide")
             size = self.duration(sizes[1], "HOP size")
             return window(time, size, slide=slide, allowed_lateness=lateness)
+        if tvf.kind == "CUMULATE":
+            step = self.duration(sizes[0], "CUMULATE step")
+            size = self.duration(sizes[1], "CUMULATE size")
+            return cumulate_window(time, size, step, allowed_lateness=lateness)
         if lateness is not None:
             raise self.error(
                 tvf,
                 "SESSION",
-                f"'table.exec.emit.allow-lateness' ({lateness}) applies to TUMBLE and HOP "
+                f"'table.exec.emit.allow-lateness' ({lateness}) applies to TUMBLE, HOP and "
+                "CUMULATE "
                 "windows; a session's end moves with its rows.",
-                "Drop the SET for this query, or use TUMBLE or HOP.",
+                "Drop the SET for this query, or use TUMBLE, HOP or CUMULATE.",
                 keyword="SESSION",
             )
         return session_window(time, self.duration(sizes[0], "SESSION gap"))
@@ -281,7 +279,8 @@ class _Translator:
                     node,
                     "FROM",
                     f"table function {node.this.sql()} is not supported.",
-                    "Use TABLE(TUMBLE|HOP|SESSION(TABLE t, DESCRIPTOR(ts), ...)) or a stream.",
+                    "Use TABLE(TUMBLE|HOP|CUMULATE|SESSION(TABLE t, DESCRIPTOR(ts), ...)) or a "
+                    "stream.",
                 )
         if isinstance(node, exp.Subquery | exp.Select):
             raise self.error(

@@ -19,10 +19,11 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracles import tumbling_or_hopping
+from oracles import windows_of
 
 import microbatch as mb
 from microbatch.engine.faults import InjectedFault
+from microbatch.plan.windows import WindowSpec
 from microbatch.testing import StreamTest
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -58,19 +59,16 @@ def batches(rows: list, cuts: list[int]) -> list[pl.DataFrame]:
     return [frame(rows[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
 
 
-def one_shot(
-    batch: pl.DataFrame, wm: int | None, *, size_ms: int, slide_ms: int, lateness_ms: int
-) -> tuple[pl.DataFrame, int]:
+def one_shot(batch: pl.DataFrame, wm: int | None, spec: WindowSpec) -> tuple[pl.DataFrame, int]:
     """The batch's increments per (window, k) and its late row count, one-shot.
 
     A row is late (to the late output) when its oldest window ends at or before
     ``wm - lateness``; only its windows closed by then are dropped: a late
-    hopping row still counts in its newer windows (Spark's rule, as the
-    accumulating aggregation)."""
-    cut = None if wm is None else wm - lateness_ms
-    assigned = tumbling_or_hopping(
-        batch.with_row_index("__row"), time="ts", keys=["k"], size_ms=size_ms,
-        slide_ms=slide_ms, aggs=[], by_row=True,
+    hopping or cumulating row still counts in its newer windows (Spark's rule, as
+    the accumulating aggregation)."""
+    cut = None if wm is None else wm - spec.allowed_lateness_ms
+    assigned = windows_of(
+        spec, batch.with_row_index("__row"), time="ts", keys=["k"], aggs=[], by_row=True
     )
     if cut is None:
         late_rows = 0
@@ -80,7 +78,7 @@ def one_shot(
         late = oldest_end.filter(pl.col("oldest") <= cut)["__row"]
         late_rows = late.len()
         kept = assigned.filter(pl.col("we") > cut)
-    out = kept.group_by("ws", "k").agg(
+    out = kept.group_by("ws", "we", "k").agg(
         pl.len().cast(pl.Int64).alias("n"),
         pl.col("v").count().cast(pl.Int64).alias("c"),
         pl.col("v").sum().alias("total"),
@@ -91,7 +89,7 @@ def one_shot(
 def as_ms(out: pl.DataFrame) -> pl.DataFrame:
     return out.select(
         pl.col("window_start").dt.epoch("ms").alias("ws"),
-        (pl.col("window_end") - pl.col("window_start")).dt.total_milliseconds().alias("size"),
+        pl.col("window_end").dt.epoch("ms").alias("we"),
         "k", "n", "c", "total",
     )
 
@@ -103,9 +101,10 @@ def same(got: pl.DataFrame, want: pl.DataFrame, keys: list[str]) -> None:
 
 
 WINDOWS = {
-    "tumbling": (mb.window("ts", "1m"), 60_000, 60_000, 0),
-    "hopping": (mb.window("ts", "1m", slide="20s"), 60_000, 20_000, 0),
-    "lateness": (mb.window("ts", "1m", allowed_lateness="30s"), 60_000, 60_000, 30_000),
+    "tumbling": mb.window("ts", "1m"),
+    "hopping": mb.window("ts", "1m", slide="20s"),
+    "cumulating": mb.cumulate_window("ts", "1m", "20s"),
+    "lateness": mb.window("ts", "1m", allowed_lateness="30s"),
 }
 
 
@@ -115,7 +114,7 @@ WINDOWS = {
 )
 @given(rows=events, cuts=splits)
 def test_increments_add_up_to_the_one_shot_aggregate(tmp_path_factory, name, rows, cuts) -> None:
-    spec, size_ms, slide_ms, lateness_ms = WINDOWS[name]
+    spec = WINDOWS[name]
 
     def build(src):
         return (src.with_watermark("ts", "20s")
@@ -130,15 +129,13 @@ def test_increments_add_up_to_the_one_shot_aggregate(tmp_path_factory, name, row
     max_seen: int | None = None
     wants, late_total = [], 0
     for batch in batches(rows, cuts):
-        want, late = one_shot(batch, wm, size_ms=size_ms, slide_ms=slide_ms,
-                              lateness_ms=lateness_ms)
+        want, late = one_shot(batch, wm, spec)
         got = test.add(batch).process()
         if got.height:
-            assert (as_ms(got)["size"] == size_ms).all()
             # one row per (window, key) per batch, each touched by a row that counts
-            assert got.select("window_start", "k").is_unique().all()
+            assert got.select("window_start", "window_end", "k").is_unique().all()
             assert (got["n"] > 0).all()
-        same(as_ms(got) if got.height else want.head(0), want, ["ws", "k"])
+        same(as_ms(got) if got.height else want.head(0), want, ["ws", "we", "k"])
         wants.append(want)
         late_total += late
         newest = int(batch["ts"].dt.epoch("ms").max())  # type: ignore[arg-type]
@@ -147,10 +144,11 @@ def test_increments_add_up_to_the_one_shot_aggregate(tmp_path_factory, name, row
     assert test.late_rows.height == late_total
     # the refinement contract: the sum of the increments is the accumulated value
     out = test.output
-    summed = (as_ms(out).group_by("ws", "k").agg(pl.col("n", "c", "total").sum())
+    window = ["ws", "we", "k"]
+    summed = (as_ms(out).group_by(window).agg(pl.col("n", "c", "total").sum())
               if out.height else pl.DataFrame())
-    want_all = pl.concat(wants).group_by("ws", "k").agg(pl.col("n", "c", "total").sum())
-    same(summed if out.height else want_all.head(0), want_all, ["ws", "k"])
+    want_all = pl.concat(wants).group_by(window).agg(pl.col("n", "c", "total").sum())
+    same(summed if out.height else want_all.head(0), want_all, window)
     test.close()
 
 

@@ -183,3 +183,29 @@ def test_a_batch_without_changes_has_the_same_columns(tmp_path: Path) -> None:
     assert fired.columns == quiet.columns
     assert "revision" in quiet.columns
     test.close()
+
+
+def test_cumulating_windows_of_one_start_fire_each(tmp_path: Path) -> None:
+    """Cumulating windows share their start: each (start, end) fires on its own,
+    so the 40 s and the 60 s window of a minute both fire, in order."""
+    times = [5_000, 25_000, 45_000, 130_000]  # the last one closes the first minute
+    rows = [(1, t, 1) for t in times]
+    test = StreamTest(
+        lambda src: (
+            src.with_watermark("ts", "0s")
+            .group_by(mb.cumulate_window("ts", "1m", "20s"), "k")
+            .agg(pl.len().alias("n"))
+            .fire_once(pl.col("n") >= 2)
+        ),
+        schema=SCHEMA,
+        checkpoint=tmp_path,
+        output_mode="update",
+    )
+    for t in times:
+        test.add(frame([r for r in rows if r[1] == t])).process()
+    got = test.output.select(
+        (pl.col("window_start", "window_end").dt.epoch("ms") - T0_MS) // 1000, "n"
+    )
+    # both reach 2 rows in the second batch; the 20 s window never does
+    assert sorted(got.rows()) == [(0, 40, 2), (0, 60, 2)], got
+    test.close()

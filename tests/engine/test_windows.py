@@ -16,10 +16,11 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracles import sessions, tumbling_or_hopping
+from oracles import sessions, tumbling_or_hopping, windows_of
 
 import microbatch as mb
 from microbatch.checkpoint.files import read_json
+from microbatch.plan.windows import WindowSpec
 from microbatch.testing import StreamTest
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -122,6 +123,30 @@ def to_output(oracle: pl.DataFrame, final_wm: int | None) -> pl.DataFrame:
     )
 
 
+def windows_oracle(spec: WindowSpec, test: StreamTest, kept: pl.DataFrame) -> pl.DataFrame:
+    """The one-shot aggregate per (window, k) of the rows that were not late, plus
+    each late row in its windows still open in its batch: a late hopping or
+    cumulating row still counts in its newer windows (Spark's rule)."""
+    late = test.late_rows
+    if late.height == 0:
+        late = pl.DataFrame(schema={**SCHEMA, "batch_id": pl.Int64})
+    wms = batch_watermarks(test)
+    late_cut = pl.Series([wms[b] for b in late["batch_id"]], dtype=pl.Int64)
+    assigned = [
+        windows_of(spec, rows, time="ts", keys=["k"], aggs=[], by_row=True)
+        for rows in (
+            kept.with_columns(pl.lit(None, pl.Int64).alias("__wm")),
+            late.select("ts", "k", "v").with_columns(late_cut.alias("__wm")),
+        )
+    ]
+    still_open = pl.col("we") + spec.allowed_lateness_ms > pl.col("__wm")
+    return (
+        pl.concat([assigned[0], assigned[1].filter(still_open)])
+        .group_by(["ws", "we", "k"], maintain_order=True)
+        .agg(oracle_aggs())
+    )
+
+
 def compact_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the append buffer combine its partials in place at every batch."""
     from microbatch.operators import window_agg
@@ -132,18 +157,20 @@ def compact_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("compact", [False, True], ids=["buffer", "compacted"])
 @pytest.mark.parametrize(
-    ("size", "slide"), [("1m", None), ("1m", "20s")], ids=["tumbling", "hopping"]
+    "spec",
+    [mb.window("ts", "1m"), mb.window("ts", "1m", slide="20s"),
+     mb.cumulate_window("ts", "1m", "20s")],
+    ids=["tumbling", "hopping", "cumulating"],
 )
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(rows=events, cuts=st.lists(st.integers(0, 60), max_size=8))
 def test_window_split_invariance(  # noqa: PLR0917
-    tmp_path_factory, monkeypatch, compact, size, slide, rows, cuts
+    tmp_path_factory, monkeypatch, compact, spec, rows, cuts
 ) -> None:
     if compact:
         compact_every_batch(monkeypatch)
-    spec = mb.window("ts", size, slide=slide)
 
     def build(src):
         return src.with_watermark("ts", "20s").group_by(spec, "k").agg(*AGGS)
@@ -151,40 +178,12 @@ def test_window_split_invariance(  # noqa: PLR0917
     test = run_split(build, rows, [c for c in cuts if c < len(rows)], tmp_path_factory.mktemp("w"))
     all_rows = frame(rows)
     kept = not_late(all_rows, test)
-    # a late hopping row still counts in its windows that were open in its batch
-    late = test.late_rows
-    if late.height == 0:
-        late = pl.DataFrame(schema={**SCHEMA, "batch_id": pl.Int64})
-    late_cut = pl.Series([batch_watermarks(test)[b] for b in late["batch_id"]], dtype=pl.Int64)
-    open_ = tumbling_or_hopping(
-        kept.with_columns(pl.lit(None, pl.Int64).alias("__wm")),
-        time="ts",
-        keys=["k"],
-        size_ms=spec.size_ms,
-        slide_ms=spec.slide_ms,
-        aggs=[],
-        by_row=True,
-    )
-    late_open = tumbling_or_hopping(
-        late.select("ts", "k", "v").with_columns(late_cut.alias("__wm")),
-        time="ts",
-        keys=["k"],
-        size_ms=spec.size_ms,
-        slide_ms=spec.slide_ms,
-        aggs=[],
-        by_row=True,
-    ).filter(pl.col("we") > pl.col("__wm"))
-    oracle = (
-        pl.concat([open_, late_open])
-        .group_by(["ws", "k"], maintain_order=True)
-        .agg(oracle_aggs())
-        .with_columns((pl.col("ws") + spec.size_ms).alias("we"))
-    )
+    oracle = windows_oracle(spec, test, kept)
     compare(test.output, to_output(oracle, test.watermark_ms))
     oldest_end = lambda ts: (int(ts.timestamp() * 1000) // spec.slide_ms + 1) * spec.slide_ms  # noqa: E731
     check_late_rows_were_late(test, oldest_end)
     # nothing was lost: late rows + kept rows = input
-    assert kept.height + late.height == all_rows.height
+    assert kept.height + test.late_rows.height == all_rows.height
     test.close()
 
 
@@ -496,32 +495,36 @@ def test_generated_traffic_at_scale_equals_oracle(tmp_path: Path, kind: str) -> 
     test.close()
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [mb.window("ts", "1m", allowed_lateness="1m"),
+     mb.cumulate_window("ts", "1m", "30s", allowed_lateness="1m")],
+    ids=["tumbling", "cumulating"],
+)
 @settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(rows=events, cuts=st.lists(st.integers(0, 60), max_size=8))
-def test_allowed_lateness_last_revision_equals_oracle(tmp_path_factory, rows, cuts) -> None:
-    spec = mb.window("ts", "1m", allowed_lateness="1m")
+def test_allowed_lateness_last_revision_equals_oracle(tmp_path_factory, spec, rows, cuts) -> None:
 
     def build(src):
         return src.with_watermark("ts", "20s").group_by(spec, "k").agg(*AGGS)
 
     test = run_split(build, rows, [c for c in cuts if c < len(rows)], tmp_path_factory.mktemp("l"))
-    kept = not_late(frame(rows), test)
-    oracle = tumbling_or_hopping(
-        kept, time="ts", keys=["k"], size_ms=60_000, slide_ms=60_000, aggs=oracle_aggs()
-    )
+    oracle = windows_oracle(spec, test, not_late(frame(rows), test))
     out = test.output
+    window = ["window_start", "window_end", "k"]
     if out.height:
         # revisions of a window are 0, 1, 2... in batch order
-        revs = out.group_by("window_start", "k", maintain_order=True).agg(pl.col("revision"))
+        revs = out.group_by(window, maintain_order=True).agg(pl.col("revision"))
         for r in revs["revision"].to_list():
             assert r == list(range(len(r)))
-        out = out.group_by("window_start", "k", maintain_order=True).last()
+        out = out.group_by(window, maintain_order=True).last()
     compare(out, to_output(oracle, test.watermark_ms))
     wms = batch_watermarks(test)
+    step = spec.slide_ms
     for row in test.late_rows.iter_rows(named=True):  # late only past end + lateness
-        end = (int(row["ts"].timestamp() * 1000) // 60_000 + 1) * 60_000
+        end = (int(row["ts"].timestamp() * 1000) // step + 1) * step
         assert end + 60_000 <= wms[row["batch_id"]]
     test.close()
 
@@ -572,3 +575,28 @@ def test_one_future_event_does_not_make_everything_late(tmp_path: Path) -> None:
     assert unguarded.late_rows.height == 1  # the far-future row pushed the watermark
     guarded.close()
     unguarded.close()
+
+
+@pytest.mark.parametrize(
+    ("size", "step", "words"),
+    [("1m", "25s", "not a multiple of step"), ("1m", "0s", "must be positive"),
+     ("1m", "soon", "step")],
+)
+def test_cumulate_window_refuses_bad_sizes(size: str, step: str, words: str) -> None:
+    with pytest.raises(mb.PlanError, match=words):
+        mb.cumulate_window("ts", size, step)
+
+
+def test_cumulating_windows_need_window_end_to_join() -> None:
+    """The windows of one period share window_start: a per-window join on it
+    alone would pair different windows."""
+    spec = mb.cumulate_window("ts", "1m", "20s")
+
+    def agg(name: str) -> mb.Stream:
+        return (mb.read_memory(schema=SCHEMA).with_watermark("ts", "0s")
+                .group_by(spec, "k").agg(pl.len().alias(name)))
+
+    with pytest.raises(mb.PlanError, match="window_end"):
+        agg("a").join(agg("b"), on=["window_start", "k"])
+    joined = agg("a").join(agg("b"), on=["window_start", "window_end", "k"])
+    assert joined.schema.names() == ["window_start", "window_end", "k", "a", "b"]

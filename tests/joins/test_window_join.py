@@ -19,8 +19,10 @@ from join_helpers import (
     ms,
     run_two,
 )
+from oracles import windows_of
 
 import microbatch as mb
+from microbatch.plan.windows import WindowSpec
 from microbatch.testing import JoinStreamTest
 
 rows = st.lists(
@@ -28,45 +30,48 @@ rows = st.lists(
     max_size=40,
 )
 cuts = st.tuples(*[st.lists(st.integers(1, 39), max_size=6)] * 2)
-SIZE, SLIDE = 60_000, 30_000
 
 
-def with_windows(df: pl.DataFrame, size: int, slide: int) -> pl.DataFrame:
+def with_windows(df: pl.DataFrame, spec: WindowSpec) -> pl.DataFrame:
     """One row per (row, window it falls in), windows as the engine types them."""
-    k = size // slide
-    last = (ms("ts") // slide) * slide
-    out = df.with_columns(
-        (last - pl.int_ranges(0, k, dtype=pl.Int64) * slide).alias("__ws")
-    ).explode("__ws")
-    to_ts = (
-        pl.from_epoch("__ws", time_unit="ms").dt.cast_time_unit("ms").dt.replace_time_zone("UTC")
-    )
+    out = windows_of(spec, df, time="ts", keys=[], aggs=[], by_row=True)
+
+    def to_ts(column: str) -> pl.Expr:
+        return (
+            pl.from_epoch(column, time_unit="ms").dt.cast_time_unit("ms")
+            .dt.replace_time_zone("UTC")
+        )
+
     return out.with_columns(
-        to_ts.alias("window_start"),
-        (to_ts + pl.duration(milliseconds=size)).alias("window_end"),
-    ).drop("__ws")
+        to_ts("ws").alias("window_start"), to_ts("we").alias("window_end")
+    ).drop("ws", "we")
 
 
 def kept_assignments(
-    df: pl.DataFrame, test: JoinStreamTest, side: str, id_col: str, slide: int
+    df: pl.DataFrame, test: JoinStreamTest, side: str, id_col: str, spec: WindowSpec
 ) -> pl.DataFrame:
     """Window assignments of ``df`` minus those the engine sent to the late output."""
-    assigned = with_windows(df, SIZE, slide)
+    assigned = with_windows(df, spec)
     late = test.late_rows
     if late.height == 0 or id_col not in late.columns:
         return assigned
-    late = late.filter(pl.col("join_side") == side).select(id_col, "window_start")
-    return assigned.join(late, on=[id_col, "window_start"], how="anti")
+    window = [id_col, "window_start", "window_end"]
+    late = late.filter(pl.col("join_side") == side).select(window)
+    return assigned.join(late, on=window, how="anti")
 
 
 @pytest.mark.parametrize("how", ["inner", "full"])
-@pytest.mark.parametrize("slide", [SIZE, SLIDE], ids=["tumbling", "hopping"])
+@pytest.mark.parametrize(
+    "spec",
+    [mb.window("ts", "1m"), mb.window("ts", "1m", slide="30s"),
+     mb.cumulate_window("ts", "1m", "30s")],
+    ids=["tumbling", "hopping", "cumulating"],
+)
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(both=st.tuples(rows, rows), cuts=cuts)
-def test_join_window_split_invariance(tmp_path_factory, how, slide, both, cuts) -> None:
-    spec = mb.window("ts", "1m", slide=None if slide == SIZE else "30s")
+def test_join_window_split_invariance(tmp_path_factory, how, spec, both, cuts) -> None:
 
     def build(left, right):
         return left.with_watermark("ts", "20s").join_window(
@@ -75,8 +80,8 @@ def test_join_window_split_invariance(tmp_path_factory, how, slide, both, cuts) 
 
     lf, rf = frame(both[0], "lid"), frame(both[1], "rid")
     test = run_two(build, lf, rf, cuts, tmp_path_factory.mktemp("w"))
-    kl = kept_assignments(lf, test, "left", "lid", slide)
-    kr = kept_assignments(rf, test, "right", "rid", slide)
+    kl = kept_assignments(lf, test, "left", "lid", spec)
+    kr = kept_assignments(rf, test, "right", "rid", spec)
     on = ["window_start", "window_end", "k"]
     want = kl.join(kr, on=on, how="inner", coalesce=True)
     if how == "full":
@@ -124,7 +129,9 @@ def test_join_of_windowed_aggregations_split_invariance(tmp_path_factory, how, b
 
     def oracle(df: pl.DataFrame, id_col: str, late_ids: pl.Series, name: str) -> pl.DataFrame:
         return (
-            with_windows(df.filter(~pl.col(id_col).is_in(late_ids.implode())), SIZE, SIZE)
+            with_windows(
+                df.filter(~pl.col(id_col).is_in(late_ids.implode())), mb.window("ts", "1m")
+            )
             .group_by("window_start", "window_end", "k")
             .agg(pl.len().cast(pl.UInt32).alias(name))
             .filter(ms("window_end") <= wm)

@@ -27,12 +27,12 @@ CASES = [
     # (query, construct, line, column, a word of the fix)
     (
         "SELECT window_start, COUNT(*) AS n\n"
-        "FROM TABLE(CUMULATE(TABLE tx, DESCRIPTOR(ts), INTERVAL '1' MINUTE, INTERVAL '1' HOUR))\n"
+        "FROM TABLE(CUMULATE(TABLE tx, DESCRIPTOR(ts), INTERVAL '1' HOUR))\n"
         "GROUP BY window_start, window_end",
         "CUMULATE",
         2,
         12,
-        "HOP",
+        "the step then the size",
     ),
     ("SELECT k, v FROM tx\nORDER BY v", "ORDER BY", 2, 1, "Sort the sink"),
     ("SELECT k FROM tx LIMIT 10", "LIMIT", 1, 18, "WHERE"),

@@ -48,6 +48,17 @@ CASES = {
         "changelog",
         lambda s: windowed(s).fire_once(pl.col("n") >= 3, corrections=True),
     ),
+    "cumulate_having_on_update_fires_once": (
+        """SELECT window_start, window_end, k, COUNT(*) AS n, SUM(v) AS total
+FROM TABLE(CUMULATE(TABLE tx, DESCRIPTOR(ts), INTERVAL '20' SECOND, INTERVAL '1' MINUTE))
+GROUP BY window_start, window_end, k
+HAVING COUNT(*) >= 2
+EMIT ON UPDATE""",
+        "update",
+        lambda s: s.group_by(mb.cumulate_window("ts", "1m", "20s"), "k")
+        .agg(pl.len().alias("n"), pl.col("v").sum().alias("total"))
+        .fire_once(pl.col("n") >= 2, corrections=True),
+    ),
     "keyed_on_update": (
         "SELECT k, COUNT(*) AS n FROM tx GROUP BY k EMIT ON UPDATE",
         "update",

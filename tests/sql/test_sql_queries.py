@@ -91,6 +91,15 @@ WINDOWED = {
             pl.col("v").sum().alias("total")
         ),
     ),
+    "cumulate_step_then_size": (
+        """SELECT window_start, window_end, k, COUNT(*) AS n, SUM(v) AS total, MAX(v) AS hi
+           FROM TABLE(CUMULATE(TABLE tx, DESCRIPTOR(ts), INTERVAL '20' SECOND,
+                               INTERVAL '1' MINUTE))
+           GROUP BY window_start, window_end, k""",
+        lambda s: s.group_by(mb.cumulate_window("ts", "1m", "20s"), "k").agg(
+            pl.len().alias("n"), pl.col("v").sum().alias("total"), pl.col("v").max().alias("hi")
+        ),
+    ),
     "session": (
         """SELECT window_start, window_end, k, COUNT(*) AS n, MAX(v) AS hi
            FROM TABLE(SESSION(TABLE tx PARTITION BY k, DESCRIPTOR(ts), INTERVAL '30' SECOND))
