@@ -61,6 +61,8 @@ _AGGS: dict[type[exp.Expr], str] = {
     exp.Last: "last",
 }
 _WINDOW_COLUMNS = ("window_start", "window_end")
+PROCTIME_COLUMN = "__sql_proctime"
+"""The hidden column ``PROCTIME()`` reads when the SELECT list does not name it."""
 
 
 @dataclass
@@ -758,12 +760,60 @@ class _Translator:
         stream, scope, tvf = self.from_clause(select)
         for join in select.args.get("joins") or []:
             stream, scope = self.join(stream, scope, join)
-        where = select.args.get("where")
-        if where is not None:
-            stream = stream.filter(self.expr(where.this, scope))
         aggregated = select.args.get("group") is not None or any(
             item.find(exp.AggFunc) for item in select.expressions
         )
+        stream, scope, hidden = self.processing_time(select, stream, scope, aggregated)
+        if hidden:
+            out = self.translate_rest(select, stream, scope, tvf, aggregated)
+            return out.drop(PROCTIME_COLUMN, strict=False)
+        return self.translate_rest(select, stream, scope, tvf, aggregated)
+
+    def processing_time(
+        self, select: exp.Select, stream: Stream, scope: _Scope, aggregated: bool
+    ) -> tuple[Stream, _Scope, bool]:
+        """``PROCTIME()`` in the SELECT list or WHERE: the batch's processing time
+        (``with_processing_time``). ``PROCTIME() AS name`` makes ``name`` the
+        stream's processing-time attribute; elsewhere the calls read a hidden
+        column, dropped from the output (the third value says so)."""
+        calls = [
+            call
+            for part in [*select.expressions, select.args.get("where")]
+            if part is not None
+            for call in part.find_all(exp.Anonymous)
+            if str(call.this).upper() == "PROCTIME"
+        ]
+        if not calls:
+            return stream, scope, False
+        if aggregated:
+            raise self.error(
+                calls[0],
+                "PROCTIME()",
+                "PROCTIME() in an aggregating query would move the watermark of its "
+                "windows.",
+                "Declare it where the stream is defined: `proc_time AS PROCTIME()` in its "
+                "CREATE TABLE, or register stream.with_processing_time('proc_time').",
+            )
+        named = [
+            item.alias
+            for item in select.expressions
+            if isinstance(item, exp.Alias)
+            and any(item.this is call for call in calls)
+            and item.alias not in scope.schema
+        ]
+        column = named[0] if named else PROCTIME_COLUMN
+        for call in calls:
+            call.replace(exp.column(column, quoted=True))
+        stream = stream.with_processing_time(column)
+        return stream, _Scope(stream.schema, scope.qualified), not named
+
+    def translate_rest(
+        self, select: exp.Select, stream: Stream, scope: _Scope, tvf: WindowTVF | None,
+        aggregated: bool,
+    ) -> Stream:
+        where = select.args.get("where")
+        if where is not None:
+            stream = stream.filter(self.expr(where.this, scope))
         distinct = select.args.get("distinct")
         if distinct is not None:
             if tvf is None or aggregated or distinct.args.get("on") is not None:

@@ -162,3 +162,55 @@ def test_proctime_mistakes_are_refused(text: str, message: str) -> None:
     with pytest.raises(mb.SQLError, match=message) as info:
         declare(text)
     assert info.value.line == 1
+
+
+def test_proctime_in_a_select_is_each_batch_s_recorded_time(tmp_path: Path) -> None:
+    """``PROCTIME() AS pt`` in a SELECT equals ``with_processing_time("pt")``, row
+    for row, and ``pt`` is a time attribute: a view of it windows by processing
+    time. ``PROCTIME()`` elsewhere (an expression, WHERE) reads the same time
+    from a column the output does not keep."""
+    ctx = mb.SQLContext()
+    checkpoints = iter(tmp_path / name for name in "abc")
+
+    def stamped(src: mb.Stream) -> mb.Stream:
+        return ctx.register("tx", src).sql(
+            "SELECT k, v, PROCTIME() AS pt, EXTRACT(SECOND FROM PROCTIME()) AS sec FROM tx "
+            "WHERE EXTRACT(YEAR FROM PROCTIME()) > 2000 AND v <> 0"
+        )
+
+    def windowed(src: mb.Stream) -> mb.Stream:
+        ctx.register("stamped", stamped(src))
+        return ctx.sql(QUERY.replace("TABLE t", "TABLE stamped").replace("proc_time", "pt"))
+
+    def python(src: mb.Stream) -> mb.Stream:
+        return src.filter(pl.col("v") != 0).with_processing_time("pt").select(
+            "k", "v", "pt", pl.col("pt").dt.second().alias("sec")
+        )
+
+    tests = [StreamTest(b, schema=SCHEMA, checkpoint=next(checkpoints))
+             for b in (stamped, python, windowed)]
+    for seconds, rows in [(0, [(1, 2), (2, 0)]), (25.5, [(1, 3)]), (70, [(2, 4), (1, -1)])]:
+        for test in tests:
+            test.advance_clock(seconds).add(pl.DataFrame(rows, schema=SCHEMA, orient="row"))
+            test.process()
+    sql, python_out, windows = (t.output for t in tests)
+    assert sql.columns == ["k", "v", "pt", "sec"]
+    assert sql.drop("sec").equals(python_out.drop("sec"))
+    assert (sql["sec"].cast(pl.Int32) == python_out["sec"].cast(pl.Int32)).all()
+    times = [int(p["timestamp_ms"]) for p in tests[0].progress]
+    assert sql["pt"].dt.epoch("ms").unique(maintain_order=True).to_list() == times
+    # the first two batches fall in the first minute, which the third one closes
+    first = sql.filter(pl.col("pt").dt.epoch("ms") < times[2])
+    want = first.group_by("k").agg(pl.len().alias("n"), pl.col("v").sum().alias("total"))
+    got = windows.select("k", pl.col("n").cast(pl.UInt32), "total")
+    assert got.sort("k").equals(want.sort("k").with_columns(pl.col("n").cast(pl.UInt32)))
+    for test in tests:
+        test.close()
+
+
+def test_proctime_in_an_aggregating_select_is_refused() -> None:
+    with pytest.raises(mb.SQLError) as info:
+        mb.sql("SELECT k, MAX(PROCTIME()) AS last_seen FROM t GROUP BY k",
+               t=mb.read_memory(schema=SCHEMA))
+    assert (info.value.construct, info.value.line, info.value.column) == ("PROCTIME()", 1, 15)
+    assert "CREATE TABLE" in str(info.value)
