@@ -5,15 +5,19 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
-from sqlglot import exp
 
 from microbatch.api.stream import Stream
 from microbatch.durations import format_duration_ms
 from microbatch.exceptions import DurationError, PlanError, SQLError
-from microbatch.sql.parse import parse_statements, refuse
-from microbatch.sql.translate import StaticInput, translate_select
+
+if TYPE_CHECKING:
+    from microbatch.sql.translate import StaticInput
+
+# NOTE: sqlglot and the translator are imported when a query is translated, not with
+# ``import microbatch``: every job process (and Ray worker) would pay ~0.15 s for them
 
 __all__ = ["ALLOW_LATENESS", "SQLContext", "flink_duration", "sql"]
 
@@ -150,6 +154,11 @@ class SQLContext:
         Raises :class:`~microbatch.SQLError` (line, column, construct, fix) for
         a syntax error, an unknown name, or a construct without an incremental
         form (docs/sql.md, "Queries")."""
+        from sqlglot import exp
+
+        from microbatch.sql.parse import parse_statements, refuse
+        from microbatch.sql.translate import translate_select
+
         statements = parse_statements(query)
         if len(statements) != 1:
             line, column = (1, 1)
