@@ -282,6 +282,8 @@ class WindowAggregate(SingleStoreOperator):
                 late_count = late.height
                 if late_count:
                     ctx.late_rows.append(late)
+            elif any(a.kind in {"first", "last"} for a in self.aggs):
+                lf = lf.with_columns(arrival_order(ctx.batch_id).alias(TIME))
             partials = (
                 lf.group_by(self._state_keys(), maintain_order=True)
                 .agg([e for a in self.aggs for e in a.partials(df.schema)])
@@ -471,6 +473,14 @@ class WindowAggregate(SingleStoreOperator):
         # NOTE: no sort here: popped windows already come ordered by (end, keys) from the
         # store, merged rows in the batch's deterministic group_by order.
         return rows.select(out)
+
+
+def arrival_order(batch_id: int) -> pl.Expr:
+    """An Int64 that grows with each row's arrival: the batch id, then the row's
+    position in the batch. Without a window, ``first``/``last`` keep the first
+    and last row to arrive (as Polars' ``first()``/``last()`` over the rows in
+    order); a batch re-run after a crash numbers its rows the same way."""
+    return pl.lit(batch_id << 32, pl.Int64) + pl.int_range(pl.len(), dtype=pl.Int64)
 
 
 def split_late_windows(

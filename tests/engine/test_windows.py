@@ -600,3 +600,36 @@ def test_cumulating_windows_need_window_end_to_join() -> None:
         agg("a").join(agg("b"), on=["window_start", "k"])
     joined = agg("a").join(agg("b"), on=["window_start", "window_end", "k"])
     assert joined.schema.names() == ["window_start", "window_end", "k", "a", "b"]
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(rows=events, cuts=st.lists(st.integers(0, 60), max_size=8))
+def test_windowless_first_and_last_are_by_arrival(tmp_path_factory, rows, cuts) -> None:
+    """Without a window, ``first``/``last`` are the first and last row to arrive
+    per key (Polars' ``first()``/``last()`` over all rows in order), for every
+    split into batches; a restart from the checkpoint keeps them."""
+    def build(src):
+        return src.group_by("k").agg(
+            pl.col("v").first().alias("first_v"), pl.col("v").last().alias("last_v"),
+            pl.col("ts").first().alias("first_ts"), pl.len().alias("n"),
+        )
+
+    test = StreamTest(build, schema=SCHEMA, checkpoint=tmp_path_factory.mktemp("f"),
+                      output_mode="complete")
+    bounds = [0, *sorted({c for c in cuts if c < len(rows)}), len(rows)]
+    for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        if hi > lo:
+            test.add(frame(rows[lo:hi])).process()
+        if i == 1:
+            test.restart()
+    want = frame(rows).group_by("k", maintain_order=True).agg(
+        pl.col("v").first().alias("first_v"), pl.col("v").last().alias("last_v"),
+        pl.col("ts").first().alias("first_ts"), pl.len().cast(pl.Int64).alias("n"),
+    )
+    got = test.output.filter(
+        pl.col("n") == pl.col("n").max().over("k")
+    ).unique(maintain_order=True)
+    assert got.sort("k").equals(want.sort("k")), f"{got}\n{want}"
+    test.close()
