@@ -967,7 +967,9 @@ class _Translator:
         )
         deduped = grouped.select(
             *(
-                pl.lit(1, pl.Int64).alias(name) if column is None else pl.col(column).alias(name)
+                pl.lit(1, pl.Int64).alias(name)
+                if column is None
+                else column if column == name else pl.col(column).alias(name)
                 for column, name in outputs
             )
         )
