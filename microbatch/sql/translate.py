@@ -771,12 +771,12 @@ class _Translator:
                 shape,
             )
 
-    def rownum_filter(self, outer: exp.Select, rownum: str) -> None:
+    def rownum_filter(self, outer: exp.Select, call: exp.Window, rownum: str) -> None:
         """The outer ``WHERE`` is ``rownum = 1`` or ``rownum <= 1``, nothing else."""
         where = outer.args.get("where")
         if where is None:
             raise self.error(
-                outer,
+                call,
                 "ROW_NUMBER",
                 f"ROW_NUMBER() without WHERE {rownum} = 1 numbers every row of a partition: "
                 "no incremental form on a stream.",
@@ -846,8 +846,9 @@ class _Translator:
             else:
                 keys.append(self.resolve(item, scope))
         if tvf is not None and sorted(window_columns) != sorted(_WINDOW_COLUMNS):
+            partition = call.args.get("partition_by")
             raise self.error(
-                call,
+                partition[0] if partition else call,
                 "PARTITION BY",
                 "a deduplication over a window TVF partitions by its window.",
                 "Write PARTITION BY window_start, window_end[, keys].",
@@ -927,7 +928,7 @@ class _Translator:
                 "Name it: ROW_NUMBER() OVER (...) AS rownum.",
             )
         self.refuse_dedupe_clauses(outer, inner, call)
-        self.rownum_filter(outer, row_number.alias)
+        self.rownum_filter(outer, call, row_number.alias)
         stream, scope, tvf = self.from_clause(inner)
         where = inner.args.get("where")
         if where is not None:
