@@ -8,7 +8,10 @@ window_end, keys`` becomes ``group_by(mb.window(...) | mb.cumulate_window(...)
 ``JOIN`` with a static table ``join_static``, a ``JOIN`` of two streams bounded in time
 ``join_interval``, ``FOR SYSTEM_TIME AS OF`` a stream of versions
 ``join_asof_table``, ``SELECT DISTINCT`` over a window TVF a ``group_by`` of the
-window and keys; ``EMIT`` the writers' output mode (``ON WINDOW CLOSE``/``FINAL``:
+window and keys, Flink's deduplication (a ``ROW_NUMBER() OVER (PARTITION BY
+window_start, window_end, keys ORDER BY ts ASC|DESC)`` subquery kept at ``rownum
+= 1``) a ``group_by`` of the window and keys taking each other column's
+``first()``/``last()``; ``EMIT`` the writers' output mode (``ON WINDOW CLOSE``/``FINAL``:
 ``append``, ``ON UPDATE``: ``update``, ``CHANGES``: ``changelog``), and ``HAVING``
 on a window under an early ``EMIT`` ``fire_once(condition, corrections=True)``.
 Everything else is refused here, when the query is built, with a
