@@ -975,7 +975,9 @@ class _Translator:
                 if column is None
                 else column if column == name else pl.col(column).alias(name)
                 for column, name in outputs
-            )
+            ),
+            # an allowed lateness re-emits a changed window: its revision (as aggregate())
+            *(["revision"] if "revision" in grouped.schema else []),
         )
         alias = outer.args["from_"].this.alias
         out_scope = _Scope(deduped.schema, {alias: {c: c for c in deduped.schema}} if alias else {})

@@ -125,6 +125,32 @@ def test_dedupe_sql_equals_python_api(tmp_path_factory, name, rows, cuts) -> Non
     py_test.close()
 
 
+@SETTINGS
+@given(rows=events, cuts=cuts_st)
+def test_dedupe_under_allowed_lateness_keeps_revisions(tmp_path_factory, rows, cuts) -> None:
+    """SET 'table.exec.emit.allow-lateness': a row late within the allowance that
+    comes first changes its closed window's row, re-emitted with ``revision``."""
+    query, _ = CASES["tumble_first_star"]
+
+    def sql_build(src: mb.Stream) -> mb.Stream:
+        ctx = mb.SQLContext(tx=src.with_watermark("ts", "20s"))
+        return ctx.set("table.exec.emit.allow-lateness", "2 min").sql(query)
+
+    def py_build(src: mb.Stream) -> mb.Stream:
+        spec = mb.window("ts", "1m", allowed_lateness="2m")
+        return deduped(spec, "first")(src.with_watermark("ts", "20s")).select(
+            *FLINK_ORDER, ROWNUM, "revision"
+        )
+
+    sql_test = run_split(sql_build, rows, cuts, tmp_path_factory.mktemp("sql"))
+    py_test = run_split(py_build, rows, cuts, tmp_path_factory.mktemp("py"))
+    got = same_output(sql_test, py_test)
+    assert got.columns[-1] == "revision"
+    assert sql_test.late_rows.height == py_test.late_rows.height
+    sql_test.close()
+    py_test.close()
+
+
 def test_dedupe_plan_is_the_python_plan() -> None:
     """One plan: the SQL deduplication is the Python API's aggregation, no new operator."""
     src = mb.read_memory(schema=SCHEMA).with_watermark("ts", "20s")
