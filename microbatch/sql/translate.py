@@ -8,7 +8,10 @@ window_end, keys`` becomes ``group_by(mb.window(...) | mb.cumulate_window(...)
 ``JOIN`` with a static table ``join_static``, a ``JOIN`` of two streams bounded in time
 ``join_interval``, ``FOR SYSTEM_TIME AS OF`` a stream of versions
 ``join_asof_table``, ``SELECT DISTINCT`` over a window TVF a ``group_by`` of the
-window and keys; ``EMIT`` the writers' output mode (``ON WINDOW CLOSE``/``FINAL``:
+window and keys, Flink's deduplication (a ``ROW_NUMBER() OVER (PARTITION BY
+window_start, window_end, keys ORDER BY ts ASC|DESC)`` subquery kept at ``rownum
+= 1``) a ``group_by`` of the window and keys taking each other column's
+``first()``/``last()``; ``EMIT`` the writers' output mode (``ON WINDOW CLOSE``/``FINAL``:
 ``append``, ``ON UPDATE``: ``update``, ``CHANGES``: ``changelog``), and ``HAVING``
 on a window under an early ``EMIT`` ``fire_once(condition, corrections=True)``.
 Everything else is refused here, when the query is built, with a
@@ -715,12 +718,283 @@ class _Translator:
                     "other values from them in the SELECT list.",
                 )
 
+    # ------------------------------------------------------------ deduplication
+
+    def row_number_item(self, select: exp.Select) -> tuple[exp.Select, exp.Expr] | None:
+        """Flink's deduplication shape, ``SELECT ... FROM (SELECT ..., ROW_NUMBER()
+        OVER (...) AS rownum FROM ...) WHERE rownum = 1``: the inner SELECT and its
+        ``ROW_NUMBER`` item, else ``None`` (any other subquery is refused as such)."""
+        from_ = select.args.get("from_")
+        node = from_.this if from_ is not None else None
+        if not isinstance(node, exp.Subquery) or not isinstance(node.this, exp.Select):
+            return None
+        for item in node.this.expressions:
+            call = item.this if isinstance(item, exp.Alias) else item
+            if isinstance(call, exp.Window) and isinstance(call.this, exp.RowNumber):
+                return node.this, item
+        return None
+
+    def refuse_dedupe_clauses(self, outer: exp.Select, inner: exp.Select, call: exp.Window) -> None:
+        """The deduplication shape has nothing else: clauses outside it are refused."""
+        shape = (
+            "Write Flink's deduplication: SELECT ... FROM (SELECT *, ROW_NUMBER() OVER "
+            "(PARTITION BY window_start, window_end, keys ORDER BY ts ASC|DESC) AS rownum "
+            "FROM TABLE(TUMBLE(...)) [WHERE ...]) WHERE rownum = 1; register the result "
+            "(ctx.register(name, ctx.sql(...))) to query it further."
+        )
+        clauses = {
+            "with_": "WITH",
+            "joins": "JOIN",
+            "group": "GROUP BY",
+            "having": "HAVING",
+            "distinct": "DISTINCT",
+            "order": "ORDER BY",
+            "limit": "LIMIT",
+            "offset": "OFFSET",
+        }
+        for select, where in ((outer, "outer"), (inner, "inner")):
+            for key, construct in (*clauses.items(), *([("emit", "EMIT")] * (select is inner))):
+                node = select.args.get(key)
+                if node is not None and node != []:
+                    first = node[0] if isinstance(node, list) else node
+                    raise self.error(
+                        first,
+                        construct,
+                        f"{construct} in the {where} SELECT of a deduplication (ROW_NUMBER) "
+                        "is not translated.",
+                        shape,
+                        keyword=construct.split()[0] if key != "joins" else None,
+                    )
+        for node in outer.find_all(exp.AggFunc, exp.Window):
+            if node is call or node.parent is call:
+                continue
+            construct = "OVER" if isinstance(node, exp.Window) else node.key.upper()
+            raise self.error(
+                node,
+                construct,
+                f"{construct} in a deduplication (ROW_NUMBER) query is not translated.",
+                shape,
+            )
+
+    def rownum_filter(self, outer: exp.Select, call: exp.Window, rownum: str) -> None:
+        """The outer ``WHERE`` is ``rownum = 1`` or ``rownum <= 1``, nothing else."""
+        where = outer.args.get("where")
+        if where is None:
+            raise self.error(
+                call,
+                "ROW_NUMBER",
+                f"ROW_NUMBER() without WHERE {rownum} = 1 numbers every row of a partition: "
+                "no incremental form on a stream.",
+                f"Keep the top row: add WHERE {rownum} = 1 to the outer SELECT.",
+            )
+        cond = where.this
+        column = cond.this if isinstance(cond, exp.EQ | exp.LTE | exp.LT) else None
+        bound = cond.expression if column is not None else None
+        if (
+            not isinstance(column, exp.Column)
+            or column.name != rownum
+            or not isinstance(bound, exp.Literal)
+            or bound.is_string
+            or not bound.name.isdigit()
+        ):
+            raise self.error(
+                cond,
+                "WHERE",
+                f"the outer WHERE of a deduplication is {rownum} = 1 (or <= 1), "
+                f"nothing else; got {cond.sql()!r}.",
+                f"Write WHERE {rownum} = 1; filter the rows before deduplication in the "
+                "inner SELECT's WHERE, or after it from a registered stream "
+                "(ctx.register(name, ctx.sql(...))).",
+            )
+        n = int(bound.name) - (1 if isinstance(cond, exp.LT) else 0)
+        if (isinstance(cond, exp.EQ) and n != 1) or n < 1:
+            raise self.error(
+                cond,
+                "WHERE",
+                f"{cond.sql()!r} keeps no top row.",
+                f"Write WHERE {rownum} = 1 (the first row per partition).",
+            )
+        if n > 1:
+            raise self.error(
+                cond,
+                "top-N",
+                f"{cond.sql()!r} keeps the top {n} rows per partition: the engine has no "
+                "incremental top-N operator.",
+                f"Keep one row (WHERE {rownum} = 1), or aggregate the top values you need "
+                "(MAX, MIN) per window with GROUP BY.",
+            )
+
+    def dedupe_order(
+        self, call: exp.Window, scope: _Scope, tvf: WindowTVF | None
+    ) -> tuple[list[str], bool]:
+        """``ROW_NUMBER() OVER (PARTITION BY ... ORDER BY time [ASC|DESC])``: the
+        partition's key columns (window columns apart) and whether it is DESC."""
+        if call.args.get("spec") is not None:
+            raise self.error(
+                call.args["spec"],
+                "ROW_NUMBER",
+                "a frame (ROWS/RANGE BETWEEN) in ROW_NUMBER's OVER is not translated.",
+                "Drop the frame: OVER (PARTITION BY ... ORDER BY ts).",
+            )
+        keys: list[str] = []
+        window_columns: list[str] = []
+        for item in call.args.get("partition_by") or []:
+            if not isinstance(item, exp.Column):
+                raise self.error(
+                    item,
+                    "PARTITION BY",
+                    "a deduplication partitions by columns only.",
+                    "Partition by columns: compute others in a registered stream first.",
+                )
+            if tvf is not None and item.name in _WINDOW_COLUMNS and not item.table:
+                window_columns.append(item.name)
+            else:
+                keys.append(self.resolve(item, scope))
+        if tvf is not None and sorted(window_columns) != sorted(_WINDOW_COLUMNS):
+            partition = call.args.get("partition_by")
+            raise self.error(
+                partition[0] if partition else call,
+                "PARTITION BY",
+                "a deduplication over a window TVF partitions by its window.",
+                "Write PARTITION BY window_start, window_end[, keys].",
+                keyword="PARTITION",
+            )
+        order = call.args.get("order")
+        terms = list(order.expressions) if order is not None else []
+        time = tvf.args["descriptor"].name if tvf is not None else None
+        term = terms[0] if len(terms) == 1 else None
+        column = term.this if isinstance(term, exp.Ordered) else None
+        if not isinstance(column, exp.Column) or (
+            time is not None and self.resolve(column, scope) != time
+        ):
+            raise self.error(
+                order if order is not None else call,
+                "ORDER BY",
+                "a deduplication keeps the first or last row by the window's time column"
+                + (f" {time!r}" if time else "")
+                + " (ties: the earlier or later arrival), the order the engine's "
+                "first()/last() keep.",
+                f"Write ORDER BY {time or 'ts'} ASC (the first row) or DESC (the last row).",
+                keyword="ORDER",
+            )
+        return keys, bool(term.args.get("desc")) if term is not None else False
+
+    def dedupe_columns(
+        self, inner: exp.Select, row_number: exp.Expr, scope: _Scope
+    ) -> list[tuple[str | None, str]]:
+        """The inner SELECT list as (column of the aggregation, output name); ``None``
+        is ROW_NUMBER's column. ``*`` is the input's columns then ``window_start``,
+        ``window_end``: Flink's window TVF output (its ``window_time`` apart)."""
+        outputs: list[tuple[str | None, str]] = []
+        for item in inner.expressions:
+            inner_item = item.this if isinstance(item, exp.Alias) else item
+            if item is row_number:
+                pairs: list[tuple[str | None, str]] = [(None, item.alias)]
+            elif isinstance(item, exp.Star):
+                pairs = [(c, c) for c in (*scope.schema, *_WINDOW_COLUMNS)]
+            elif isinstance(inner_item, exp.Column):
+                if inner_item.name in _WINDOW_COLUMNS and not inner_item.table:
+                    column = inner_item.name
+                else:
+                    column = self.resolve(inner_item, scope)
+                pairs = [(column, item.alias if isinstance(item, exp.Alias) else column)]
+            else:
+                raise self.error(
+                    item,
+                    "SELECT",
+                    "the deduplicating SELECT lists *, columns and ROW_NUMBER() only.",
+                    "Compute expressions in the outer SELECT, over the deduplicated row.",
+                )
+            for pair in pairs:
+                if pair[1] in (n for _, n in outputs):
+                    raise self.error(
+                        item,
+                        "SELECT",
+                        f"two output columns are named {pair[1]!r}.",
+                        "Rename with AS.",
+                    )
+                outputs.append(pair)
+        return outputs
+
+    def deduplicate(self, outer: exp.Select, inner: exp.Select, row_number: exp.Expr) -> Stream:
+        """Flink's deduplication, ``ROW_NUMBER() OVER (PARTITION BY window_start,
+        window_end, keys ORDER BY ts ASC|DESC) = 1`` over a window TVF, as
+        ``group_by(window, keys).agg(<every other column>.first() | .last())``:
+        the engine's first/last order by the window's time column, ties by
+        arrival, so every column comes from one row; each window's row is emitted
+        when the window closes (append), as Flink's window deduplication."""
+        call = row_number.this if isinstance(row_number, exp.Alias) else row_number
+        assert isinstance(call, exp.Window)
+        if not isinstance(row_number, exp.Alias):
+            raise self.error(
+                call,
+                "ROW_NUMBER",
+                "ROW_NUMBER() needs a name for the outer WHERE to keep the top row.",
+                "Name it: ROW_NUMBER() OVER (...) AS rownum.",
+            )
+        self.refuse_dedupe_clauses(outer, inner, call)
+        self.rownum_filter(outer, call, row_number.alias)
+        stream, scope, tvf = self.from_clause(inner)
+        where = inner.args.get("where")
+        if where is not None:
+            stream = stream.filter(self.expr(where.this, scope))
+        keys, descending = self.dedupe_order(call, scope, tvf)
+        if tvf is None:
+            raise self.error(
+                call,
+                "ROW_NUMBER",
+                (
+                    "deduplication without a window keeps an updating last row per key, "
+                    "and the engine's last() without a window has no event time to order by."
+                    if descending
+                    else "deduplication without a window keeps every key's first row "
+                    "forever: unbounded state."
+                ),
+                "Deduplicate per window: FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL "
+                "'1' HOUR)) with PARTITION BY window_start, window_end, keys; or, in the "
+                "Python API, stream.drop_duplicates(subset, within='1h') (the first arrival "
+                "per key, remembered for a time bound).",
+            )
+        if self.early_emit():
+            assert self.emit is not None
+            raise self.error(
+                self.emit,
+                f"EMIT {self.emit.policy}",
+                "window deduplication emits each window's row once, when the window "
+                "closes, as Flink's does.",
+                "Drop the EMIT clause (or write EMIT ON WINDOW CLOSE).",
+            )
+        self.check_session_keys(tvf, scope, keys)
+        outputs = self.dedupe_columns(inner, row_number, scope)
+        take = "last" if descending else "first"
+        rest = [c for c in scope.schema if c not in keys]
+        grouped = stream.group_by(self.window_of(tvf, stream), *keys).agg(
+            *(getattr(pl.col(c), take)() for c in rest)
+        )
+        deduped = grouped.select(
+            *(
+                pl.lit(1, pl.Int64).alias(name)
+                if column is None
+                else column if column == name else pl.col(column).alias(name)
+                for column, name in outputs
+            ),
+            # an allowed lateness re-emits a changed window: its revision (as aggregate())
+            *(["revision"] if "revision" in grouped.schema else []),
+        )
+        alias = outer.args["from_"].this.alias
+        out_scope = _Scope(deduped.schema, {alias: {c: c for c in deduped.schema}} if alias else {})
+        return self.project(outer, deduped, out_scope)
+
     def translate(self, select: exp.Expr) -> Stream:
-        self.refuse_unsupported(select)
+        dedupe = self.row_number_item(select) if isinstance(select, exp.Select) else None
+        if dedupe is None:
+            self.refuse_unsupported(select)
         assert isinstance(select, exp.Select)
         emit = select.args.get("emit")
         self.emit = emit if isinstance(emit, Emit) else None
-        stream = self.translate_body(select)
+        stream = (
+            self.deduplicate(select, *dedupe) if dedupe is not None else self.translate_body(select)
+        )
         if self.emit is None:
             return stream
         line, column = position(self.emit, self.text)

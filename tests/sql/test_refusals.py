@@ -22,6 +22,7 @@ def _streams() -> dict[str, object]:
 
 
 TUMBLE = "TABLE(TUMBLE(TABLE tx, DESCRIPTOR(ts), INTERVAL '1' MINUTE))"
+DEDUPE = "ROW_NUMBER() OVER (PARTITION BY window_start, window_end, k ORDER BY ts) AS rn"
 
 CASES = [
     # (query, construct, line, column, a word of the fix)
@@ -112,6 +113,79 @@ CASES = [
         "FOR SYSTEM_TIME AS OF",
     ),
     ("SELECT k FROM (SELECT k FROM tx)", "subquery", 1, 16, "Register"),
+    # Flink's deduplication (ROW_NUMBER ... = 1): only its windowed top-1 form
+    (
+        "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY k ORDER BY ts) AS rn FROM tx)\n"
+        "WHERE rn = 1",
+        "ROW_NUMBER",
+        1,
+        26,
+        "drop_duplicates(subset, within=",
+    ),
+    (
+        "SELECT * FROM (SELECT *,\n"
+        "  ROW_NUMBER() OVER (PARTITION BY k ORDER BY ts DESC) AS rn FROM tx) WHERE rn = 1",
+        "ROW_NUMBER",
+        2,
+        3,
+        "TUMBLE",
+    ),
+    (f"SELECT * FROM (SELECT *, {DEDUPE}\nFROM {TUMBLE}) WHERE rn <= 3", "top-N", 2, 74, "rn = 1"),
+    (
+        "SELECT * FROM (SELECT *, "
+        + DEDUPE.replace("ORDER BY ts", "\n  ORDER BY v")
+        + f" FROM {TUMBLE}) WHERE rn = 1",
+        "ORDER BY",
+        2,
+        3,
+        "ORDER BY ts ASC",
+    ),
+    (
+        f"SELECT * FROM (SELECT *, {DEDUPE.replace('window_end, ', '')} FROM {TUMBLE})"
+        " WHERE rn = 1",
+        "PARTITION BY",
+        1,
+        45,
+        "window_start, window_end",
+    ),
+    (
+        f"SELECT * FROM (SELECT *, {DEDUPE} FROM {TUMBLE})\nWHERE rn = 1 AND v > 0",
+        "WHERE",
+        2,
+        7,
+        "inner SELECT's WHERE",
+    ),
+    (f"SELECT * FROM (SELECT *, {DEDUPE} FROM {TUMBLE})", "ROW_NUMBER", 1, 26, "WHERE rn = 1"),
+    (
+        f"SELECT * FROM (SELECT *, {DEDUPE} FROM {TUMBLE}) WHERE rn = 1\nEMIT ON UPDATE",
+        "EMIT ON UPDATE",
+        2,
+        1,
+        "Drop the EMIT",
+    ),
+    (
+        f"SELECT * FROM (SELECT *, {DEDUPE.replace('ROW_NUMBER', 'RANK')} FROM {TUMBLE})"
+        " WHERE rn = 1",
+        "OVER",
+        1,
+        26,
+        "window TVF",
+    ),
+    (
+        f"SELECT k, COUNT(*) AS n FROM (SELECT *, {DEDUPE} FROM {TUMBLE}) WHERE rn = 1"
+        " GROUP BY k",
+        "GROUP BY",
+        1,
+        200,
+        "register the result",
+    ),
+    (
+        f"SELECT * FROM (SELECT *, v + 1 AS w, {DEDUPE} FROM {TUMBLE}) WHERE rn = 1",
+        "SELECT",
+        1,
+        26,
+        "outer SELECT",
+    ),
     ("WITH t AS (SELECT k FROM tx) SELECT k FROM t", "WITH", 1, 1, "Register"),
     ("SELECT k, SUM(v) OVER (PARTITION BY k) AS s FROM tx", "OVER", 1, 11, "window TVF"),
     (
