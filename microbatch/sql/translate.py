@@ -945,7 +945,8 @@ class _Translator:
                 "ROW_NUMBER",
                 (
                     "deduplication without a window keeps an updating last row per key, "
-                    "and the engine's last() without a window has no event time to order by."
+                    "and the engine's last() without a window keeps the last row to arrive, "
+                    "not the latest by the ORDER BY time."
                     if descending
                     else "deduplication without a window keeps every key's first row "
                     "forever: unbounded state."

@@ -207,7 +207,7 @@ def test_dedupe_equals_one_shot_sort_and_take(tmp_path_factory, order, take, row
 
 def test_without_a_window_refused_naming_the_state() -> None:
     src = mb.read_memory(schema=SCHEMA).with_watermark("ts", "20s")
-    for order, problem in (("ASC", "forever"), ("DESC", "no event time")):
+    for order, problem in (("ASC", "forever"), ("DESC", "last row to arrive")):
         query = (
             "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY k "
             f"ORDER BY ts {order}) AS rownum FROM tx) WHERE rownum = 1"
