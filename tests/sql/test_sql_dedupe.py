@@ -18,6 +18,7 @@ from tests.engine.test_windows import not_late
 from tests.sql.test_sql_queries import (
     SCHEMA,
     SETTINGS,
+    check_sql_equals_python,
     cuts_st,
     events,
     frame,
@@ -109,20 +110,7 @@ CASES = {
 @SETTINGS
 @given(rows=events, cuts=cuts_st)
 def test_dedupe_sql_equals_python_api(tmp_path_factory, name, rows, cuts) -> None:
-    query, python = CASES[name]
-
-    def sql_build(src: mb.Stream) -> mb.Stream:
-        return mb.sql(query, tx=src.with_watermark("ts", "20s"))
-
-    def py_build(src: mb.Stream) -> mb.Stream:
-        return python(src.with_watermark("ts", "20s"))
-
-    sql_test = run_split(sql_build, rows, cuts, tmp_path_factory.mktemp("sql"))
-    py_test = run_split(py_build, rows, cuts, tmp_path_factory.mktemp("py"))
-    same_output(sql_test, py_test)
-    assert sql_test.late_rows.height == py_test.late_rows.height
-    sql_test.close()
-    py_test.close()
+    check_sql_equals_python(*CASES[name], rows, cuts, tmp_path_factory)
 
 
 @SETTINGS
