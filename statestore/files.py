@@ -198,7 +198,7 @@ class VersionFiles:
 
     def versions(self, kind: Kind) -> list[int]:
         """Versions that have a ``kind`` file, ascending."""
-        out = []
+        out: list[int] = []
         if not self.dirs[kind].is_dir():
             return out
         for entry in os.scandir(self.dirs[kind]):
