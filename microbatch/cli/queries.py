@@ -270,6 +270,14 @@ def run(
                         "the watermark to the end of input and emit every window still open "
                         "(one more batch, committed like the others). Later rows for those "
                         "windows are late.")] = False,
+    from_savepoint: Annotated[Path | None, typer.Option(
+        "--from-savepoint", metavar="DIR",
+        help="Start on a new --checkpoint from a savepoint (`microbatch savepoint`) when the "
+             "operators' state is compatible.")] = None,
+    state_map: Annotated[list[str] | None, typer.Option(
+        "--map", metavar="OLD=NEW",
+        help="With --from-savepoint: the new operator that takes an old one's state "
+             "(OLD=: drop it; =NEW: start NEW empty); repeatable.")] = None,
 ) -> None:
     """Run a job file until its trigger ends or SIGINT/SIGTERM stops it."""
     from microbatch.cli.jobfile import build_writer
@@ -285,6 +293,14 @@ def run(
                 executor = RayExecutor(workers=workers or 2, address=ray_address)
             writer = build_writer(job, params, note=_note)
             preflight.check(writer)
+            if state_map and from_savepoint is None:
+                raise CliError("--map pairs operators of a savepoint: use it with --from-savepoint")
+            if from_savepoint is not None:
+                from microbatch.state.restore import parse_map, restore_savepoint
+
+                done = restore_savepoint(from_savepoint, checkpoint, writer,
+                                         parse_map(state_map or []))
+                _note(f"{checkpoint} {done} from savepoint {from_savepoint}")
             display = LiveLine("microbatch") if out.is_terminal else BatchLines()
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name=name, stopper=stopper, display=display,

@@ -1,4 +1,5 @@
-"""``microbatch state``: an operator's state at a committed batch, read offline."""
+"""``microbatch state`` (an operator's state at a committed batch, read offline) and
+``microbatch savepoint`` (every operator's state and offsets, for an upgraded job)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from microbatch.cli.common import fail
 from microbatch.cli.display import out
 from microbatch.exceptions import USER_ERRORS
 
-__all__ = ["state"]
+__all__ = ["savepoint", "state"]
 
 Format = Literal["table", "json", "csv"]
 
@@ -86,3 +87,27 @@ def state(
     for values in frame.head(limit).iter_rows():
         shown.add_row(*(escape("null" if v is None else str(v)) for v in values))
     out.print(shown)
+
+
+def savepoint(
+    checkpoint: Annotated[Path, typer.Argument(help="The query's checkpoint directory.",
+                                               metavar="CHECKPOINT", show_default=False)],
+    directory: Annotated[Path, typer.Argument(help="A new directory for the savepoint.",
+                                              metavar="DIR", show_default=False)],
+) -> None:
+    """Save every operator's state at the last committed batch, with its offsets, to
+    Parquet in DIR; start a changed job from it with `run --from-savepoint DIR`.
+
+    Reads only files and takes no lock: the query may keep running.
+    """
+    from microbatch.state.savepoint import write_savepoint
+
+    try:
+        manifest = write_savepoint(checkpoint, directory)
+    except USER_ERRORS as exc:
+        raise fail(str(exc), 2) from None
+    except OSError as exc:
+        raise fail(f"cannot write the savepoint: {exc}", 2) from None
+    ops = ", ".join(f"{k} ({v['kind']})" for k, v in manifest["operators"].items()) or "none"
+    out.print(f"savepoint of batch {manifest['batch_id']} written to {escape(str(directory))}; "
+              f"operators: {escape(ops)}")
