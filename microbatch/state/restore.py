@@ -34,6 +34,7 @@ import polars as pl
 from microbatch.checkpoint import BatchLog, CommitEntry, OffsetEntry
 from microbatch.checkpoint.files import fsync_dir, read_json, write_json_atomic
 from microbatch.engine.batch_executor import build_operators
+from microbatch.engine.faults import fault_point
 from microbatch.exceptions import SavepointError
 from microbatch.operators.join_state import BinaryOperator
 from microbatch.operators.window_agg import WindowAggregate
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from microbatch.api.writer import DataStreamWriter
     from microbatch.operators.base import StatefulOperator
 
-__all__ = ["ORIGIN", "parse_map", "restore_savepoint"]
+__all__ = ["ORIGIN", "Mapping", "parse_map", "restore_savepoint"]
 
 ORIGIN = "savepoint.json"
 """The file of a restored checkpoint naming the savepoint it started from."""
@@ -54,21 +55,25 @@ _IGNORED = ("state", "aggs", "keys")
 """Signature fields that may change (aggregations) or are checked per store (keys)."""
 
 
-def parse_map(items: list[str]) -> dict[str, str]:
-    """``["agg-0=agg-1", "dedupe-1="]`` as ``{"agg-0": "agg-1", "dedupe-1": ""}``."""
-    out: dict[str, str] = {}
+Mapping = list[tuple[str, str]]
+"""(old operator id, new operator id) pairs; ``""`` on one side: dropped / started empty."""
+
+
+def parse_map(items: list[str]) -> Mapping:
+    """``["agg-0=agg-1", "dedupe-1="]`` as ``[("agg-0", "agg-1"), ("dedupe-1", "")]``."""
+    out: Mapping = []
     for item in items:
         old, eq, new = item.partition("=")
         if not eq or (not old and not new):
             raise SavepointError(
                 f"--map {item!r}: write OLD=NEW (operator ids), OLD= to drop an old "
                 "operator's state, or =NEW to start a new operator empty")
-        out[old.strip()] = new.strip()
+        out.append((old.strip(), new.strip()))
     return out
 
 
 def restore_savepoint(savepoint: str | os.PathLike[str], checkpoint: str | os.PathLike[str],
-                      writer: DataStreamWriter, mapping: dict[str, str] | None = None) -> str:
+                      writer: DataStreamWriter, mapping: Mapping | None = None) -> str:
     """Make ``checkpoint`` a new checkpoint continuing from ``savepoint`` for the job
     of ``writer``; ``"restored"``, or ``"resumed"`` when it already is one.
 
@@ -92,8 +97,9 @@ def restore_savepoint(savepoint: str | os.PathLike[str], checkpoint: str | os.Pa
     stage = root.parent / f".{root.name}.restoring"
     shutil.rmtree(stage, ignore_errors=True)  # a restore killed midway
     try:
-        _stage_state(Path(savepoint).expanduser(), stage, manifest, writer, mapping or {})
-        _stage_logs(Path(savepoint).expanduser(), stage, manifest, origin, mapping or {})
+        _stage_state(Path(savepoint).expanduser(), stage, manifest, writer, mapping or [])
+        _stage_logs(Path(savepoint).expanduser(), stage, manifest, origin, mapping or [])
+        fault_point("restore.before_publish", int(manifest["batch_id"]))
         if root.exists():
             root.rmdir()
         os.replace(stage, root)  # NOTE: the commit point: the checkpoint appears whole
@@ -103,14 +109,14 @@ def restore_savepoint(savepoint: str | os.PathLike[str], checkpoint: str | os.Pa
     return "restored"
 
 
-def _pairs(old: dict[str, Any], new: dict[str, StatefulOperator], mapping: dict[str, str],
+def _pairs(old: dict[str, Any], new: dict[str, StatefulOperator], mapping: Mapping,
            problems: list[str]) -> dict[str, str]:
     """New operator id -> old operator id ("" when it starts empty)."""
     kinds = ", ".join(f"{k} ({v['kind']})" for k, v in old.items()) or "none"
     new_kinds = ", ".join(f"{k} ({op.signature().get('kind')})" for k, op in new.items()) or "none"
     pairs: dict[str, str] = {}
     handled: set[str] = set()
-    for o, n in mapping.items():
+    for o, n in mapping:
         if o and o not in old:
             problems.append(f"--map {o}={n}: the savepoint has no operator {o!r} (it has {kinds})")
         if n and n not in new:
@@ -141,7 +147,7 @@ def _pairs(old: dict[str, Any], new: dict[str, StatefulOperator], mapping: dict[
 
 
 def _stage_state(savepoint: Path, stage: Path, manifest: dict[str, Any],
-                 writer: DataStreamWriter, mapping: dict[str, str]) -> None:
+                 writer: DataStreamWriter, mapping: Mapping) -> None:
     version = int(manifest["batch_id"]) + 1
     built = build_operators(writer.plan, writer.output_mode)
     nodes = {id(node): node for node in writer.plan.walk()}
@@ -248,8 +254,7 @@ def _null_unsafe(op: StatefulOperator) -> set[str]:
 
 
 def _stage_logs(savepoint: Path, stage: Path, manifest: dict[str, Any],
-                origin: dict[str, Any], mapping: dict[str, str]) -> None:
-    batch = int(manifest["batch_id"])
+                origin: dict[str, Any], mapping: Mapping) -> None:
     write_json_atomic(stage / "metadata", "metadata", {
         "query_id": str(uuid.uuid4()),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -262,6 +267,6 @@ def _stage_logs(savepoint: Path, stage: Path, manifest: dict[str, Any],
         CommitEntry.from_json(manifest["commit"], where=where))
     if (savepoint / "sources").is_dir():
         shutil.copytree(savepoint / "sources", stage / "sources")
+    pairs = [list(pair) for pair in mapping]
     write_json_atomic(stage / ORIGIN, "savepoint-origin",
-                      {**origin, "savepoint": str(savepoint.resolve()), "map": mapping})
-    assert batch >= 0
+                      {**origin, "savepoint": str(savepoint.resolve()), "map": pairs})
