@@ -295,6 +295,10 @@ def run(
             preflight.check(writer)
             if state_map and from_savepoint is None:
                 raise CliError("--map pairs operators of a savepoint: use it with --from-savepoint")
+            if from_savepoint is not None and executor is not None:
+                raise CliError("--from-savepoint starts a single-process checkpoint; starting a "
+                               "Ray-sharded one from a savepoint is not supported yet (leave "
+                               "--workers/--ray-address out)")
             if from_savepoint is not None:
                 from microbatch.state.restore import parse_map, restore_savepoint
 

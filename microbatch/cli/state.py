@@ -41,7 +41,7 @@ def state(
 
     Reads only files and takes no lock: safe on a running query.
     """
-    from microbatch.state.reader import StateCatalog
+    from microbatch.state.reader import StateCatalog, batch_ranges
 
     if fmt not in ("table", "json", "csv"):
         raise fail(f"--format must be table, json or csv, not {fmt!r}", 2)
@@ -70,11 +70,9 @@ def state(
     table = Table(title=f"stateful operators of {escape(str(catalog.root))}")
     for name in ("operator", "kind", "stores", "readable batches"):
         table.add_column(name)
-    from microbatch.state.reader import _ranges
-
     for op, kind, readable in listing:
         stores = ", ".join(s.name for s in catalog.operators[op][0][1].stores) or "-"
-        table.add_row(op, kind, escape(stores), _ranges(readable) or "none")
+        table.add_row(op, kind, escape(stores), batch_ranges(readable) or "none")
     out.print(table)
     if frame is None:
         if catalog.operators:

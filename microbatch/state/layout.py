@@ -76,6 +76,7 @@ class OperatorLayout:
 
     @property
     def kind(self) -> str:
+        """The operator's kind as recorded (``window_aggregate``, ``deduplicate``...)."""
         return str(self.signature.get("kind", "?"))
 
 

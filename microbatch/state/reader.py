@@ -19,7 +19,7 @@ from microbatch.exceptions import StateReadError
 from microbatch.plan.event_time import ms_to_time
 from microbatch.state.layout import OperatorLayout, StoreLayout, operator_layout
 
-__all__ = ["StateCatalog", "read_state"]
+__all__ = ["StateCatalog", "batch_ranges", "read_state", "store_rows"]
 
 STORE = "store"
 """The output column naming the store a row comes from (operators with several)."""
@@ -133,7 +133,7 @@ class StateCatalog:
                    else "is older than the state's retention (its files were purged)")
             raise StateReadError(
                 f"batch {chosen} of checkpoint {self.root} {why}; the state of {operator} can be "
-                f"read at batches {_ranges(readable) or 'none'}"
+                f"read at batches {batch_ranges(readable) or 'none'}"
             )
         return chosen
 
@@ -230,9 +230,15 @@ def _decode(rows: pl.DataFrame, store: StoreLayout, layout: OperatorLayout) -> p
     out_time = store.out_time or _UTC_MS
     for name in rows.columns:
         if name == "__ws" and isinstance(window, dict) and "size_ms" in window:
-            ws = pl.col(name)
-            exprs += [ms_to_time(ws, out_time).alias("window_start"),
-                      ms_to_time(ws + int(window["size_ms"]), out_time).alias("window_end")]
+            key, size = pl.col(name), int(window["size_ms"])
+            # NOTE: a cumulating window's key is its end (its start is shared)
+            start, end = (((key - 1) // size) * size, key) \
+                if window.get("kind") == "cumulate_window" else (key, key + size)
+            exprs += [ms_to_time(start, out_time).alias("window_start"),
+                      ms_to_time(end, out_time).alias("window_end")]
+        elif name == "__ws":  # fire_once: the window id it fired for, as epoch ms
+            label = str(layout.signature.get("window_id", "window_start"))
+            exprs.append(ms_to_time(pl.col(name), out_time).alias(_free(label, name, taken)))
         elif name in ("__s", "__e") and layout.kind == "session_aggregate":
             exprs.append(ms_to_time(pl.col(name), out_time).alias(
                 "window_start" if name == "__s" else "window_end"))
@@ -256,8 +262,8 @@ def _free(new: str, old: str, taken: set[str]) -> str:
     return new
 
 
-def _ranges(ids: list[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``0..2, 5``."""
+def batch_ranges(ids: list[int]) -> str:
+    """Batch ids as people read them: ``[0, 1, 2, 5]`` as ``0..2, 5``."""
     out: list[str] = []
     start = prev = None
     for i in [*ids, None]:
