@@ -22,6 +22,7 @@ it is in place) simply continues the job at batch N + 1.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -155,6 +156,13 @@ def _stage_state(savepoint: Path, stage: Path, manifest: dict[str, Any],
     node_of = {op.operator_id: nodes[key] for key, op in built.items()}
     old = manifest["operators"]
     problems: list[str] = []
+    # NOTE: the offsets are positions in these sources: the engine refuses other ones
+    identity = {"sources": {str(i): s.identity() for i, s in enumerate(writer.plan.sources())}}
+    saved = manifest["offsets"].get("identity") or {}
+    if json.loads(json.dumps(identity, default=str)) != saved:
+        problems.append(f"the sources changed (the savepoint's offsets are positions in "
+                        f"{json.dumps(saved, sort_keys=True)}, the new job reads "
+                        f"{json.dumps(identity, sort_keys=True, default=str)})")
     pairs = _pairs(old, new, mapping, problems)
     for n, o in pairs.items():
         op, op_dir = new[n], stage / "state" / n
