@@ -66,7 +66,7 @@ def write_savepoint(checkpoint: str | os.PathLike[str], directory: str | os.Path
     offsets, commit = chk.offsets.get(batch), chk.commits.get(batch)
     if offsets is None or commit is None:
         raise SavepointError(f"batch {batch} of {catalog.root} has no offsets or commit entry")
-    stage = target.parent / f".{target.name}.writing-{os.getpid()}"
+    stage = target.parent / f".{target.name}.writing"  # a savepoint killed midway: redone
     shutil.rmtree(stage, ignore_errors=True)
     operators: dict[str, Any] = {}
     try:

@@ -12,7 +12,7 @@ import pytest
 import microbatch as mb
 from microbatch.checkpoint import Checkpoint
 from microbatch.cli.app import app
-from microbatch.testing import StreamTest
+from microbatch.testing import JoinStreamTest, StreamTest
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 MIN = 60_000
@@ -58,6 +58,12 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         beats, state_schema={"n": pl.Int64}), out["transform"])
     _run(lambda s: s.with_watermark("ts", delay="30s").drop_duplicates("k", within="10m")
          .group_by("k").agg(pl.len().alias("n")), out["two"], output_mode="update")
+    out["join"] = base / "join"
+    join = JoinStreamTest(lambda left, right: left.with_watermark("ts", "0s").join_interval(
+        right.with_watermark("ts", "0s"), on="k", left_time="ts", lower="0s", upper="1m",
+        how="left"), left_schema=SCHEMA, right_schema=SCHEMA, checkpoint=out["join"])
+    join.add_left(BATCHES[0]).add_right(BATCHES[1]).process()
+    join.close()
     return out
 
 
@@ -109,6 +115,19 @@ def test_transform_state_and_timers_equal_the_one_shot_counts(checkpoints):
     assert timers.select("k", "timer_ms").sort("k", "timer_ms").equals(
         want.sort("k", "timer_ms"))
     assert timers["fire_at"].dt.epoch("ms").equals(timers["timer_ms"], check_names=False)
+
+
+def test_a_join_keeps_every_row_of_the_first_batch_waiting_with_its_match_flag(checkpoints):
+    state = mb.read_state(checkpoints["join"], batch=0)  # no watermark yet: nothing expired
+    left, right = (pl.DataFrame(b, schema=SCHEMA) for b in BATCHES[:2])
+    pairs = left.join(right, on="k", suffix="_r").filter(
+        (pl.col("ts_r") >= pl.col("ts")) & (pl.col("ts_r") <= pl.col("ts") + timedelta(minutes=1)))
+    want = left.with_columns(pl.struct("k", "ts").is_in(pairs.select(pl.struct("k", "ts"))
+                                                      .to_series().implode()).alias("matched"))
+    got = state.filter(pl.col("store") == "left/rows").select("k", "ts", "v", "matched")
+    assert got.sort("k", "ts").equals(want.sort("k", "ts"))
+    waiting = state.filter(pl.col("store") == "right/rows").select("k", "ts", "v")
+    assert waiting.sort("k", "ts").equals(right.sort("k", "ts"))
 
 
 def test_several_operators_need_a_choice_and_dedupe_keys_are_the_distinct_keys(checkpoints):
