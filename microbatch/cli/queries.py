@@ -293,18 +293,11 @@ def run(
                 executor = RayExecutor(workers=workers or 2, address=ray_address)
             writer = build_writer(job, params, note=_note)
             preflight.check(writer)
-            if state_map and from_savepoint is None:
-                raise CliError("--map pairs operators of a savepoint: use it with --from-savepoint")
-            if from_savepoint is not None and executor is not None:
-                raise CliError("--from-savepoint starts a single-process checkpoint; starting a "
-                               "Ray-sharded one from a savepoint is not supported yet (leave "
-                               "--workers/--ray-address out)")
-            if from_savepoint is not None:
-                from microbatch.state.restore import parse_map, restore_savepoint
+            if from_savepoint is not None or state_map:
+                from microbatch.cli.state import start_from_savepoint
 
-                done = restore_savepoint(from_savepoint, checkpoint, writer,
-                                         parse_map(state_map or []))
-                _note(f"{checkpoint} {done} from savepoint {from_savepoint}")
+                start_from_savepoint(from_savepoint, state_map or [], checkpoint, writer,
+                                     sharded=executor is not None, note=_note)
             display = LiveLine("microbatch") if out.is_terminal else BatchLines()
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name=name, stopper=stopper, display=display,

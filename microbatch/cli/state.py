@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from microbatch.cli.common import fail
+from microbatch.cli.common import CliError, fail
 from microbatch.cli.display import out
 from microbatch.exceptions import USER_ERRORS
 
-__all__ = ["savepoint", "state"]
+if TYPE_CHECKING:
+    from microbatch.api.writer import DataStreamWriter
+
+__all__ = ["savepoint", "start_from_savepoint", "state"]
 
 Format = Literal["table", "json", "csv"]
 
@@ -109,3 +113,20 @@ def savepoint(
     ops = ", ".join(f"{k} ({v['kind']})" for k, v in manifest["operators"].items()) or "none"
     out.print(f"savepoint of batch {manifest['batch_id']} written to {escape(str(directory))}; "
               f"operators: {escape(ops)}")
+
+
+def start_from_savepoint(savepoint: Path | None, state_map: list[str], checkpoint: Path,
+                         writer: DataStreamWriter, *, sharded: bool,
+                         note: Callable[[str], None]) -> None:
+    """``run --from-savepoint DIR [--map OLD=NEW]``: make ``checkpoint`` continue from
+    the savepoint (see :func:`microbatch.state.restore.restore_savepoint`)."""
+    from microbatch.state.restore import parse_map, restore_savepoint
+
+    if savepoint is None:
+        raise CliError("--map pairs operators of a savepoint: use it with --from-savepoint")
+    if sharded:
+        raise CliError("--from-savepoint starts a single-process checkpoint; starting a "
+                       "Ray-sharded one from a savepoint is not supported yet (leave "
+                       "--workers/--ray-address out)")
+    done = restore_savepoint(savepoint, checkpoint, writer, parse_map(state_map))
+    note(f"{checkpoint} {done} from savepoint {savepoint}")
