@@ -215,8 +215,20 @@ def read_state(
 
     Examples
     --------
+    >>> import tempfile
+    >>> import polars as pl
     >>> import microbatch as mb
-    >>> mb.read_state("chk/alerts", batch=3)  # doctest: +SKIP
+    >>> from microbatch.testing import StreamTest
+    >>> chk = tempfile.mkdtemp()
+    >>> t = StreamTest(lambda s: s.group_by("k").agg(pl.len().alias("n")),
+    ...                schema={"k": pl.Int64}, output_mode="update", checkpoint=chk)
+    >>> _ = t.add({"k": [1, 1, 2]}).process()
+    >>> _ = t.add({"k": [2]}).process()
+    >>> t.close()
+    >>> mb.read_state(chk).sort("k").rows()  # after the last committed batch
+    [(1, 2), (2, 2)]
+    >>> mb.read_state(chk, batch=0).sort("k").rows()
+    [(1, 2), (2, 1)]
     """
     catalog = StateCatalog.open(checkpoint)
     op = catalog.choose(operator)
