@@ -49,9 +49,11 @@ from microbatch.exceptions import (
     MicrobatchError,
     PlanError,
     QueryTerminatedError,
+    SavepointError,
     SourceError,
     SQLError,
     StateBudgetExceededError,
+    StateReadError,
     TransformError,
     TriggerError,
     UnknownColumnError,
@@ -60,6 +62,7 @@ from microbatch.plan.stateful import StateInput, StateOutput
 from microbatch.plan.triggers import AvailableNow, Once, ProcessingTime
 from microbatch.plan.windows import cumulate_window, session_window, window
 from microbatch.sql.context import SQLContext, sql
+from microbatch.state import read_state
 
 _compat.install()
 
@@ -87,10 +90,12 @@ __all__ = [
     "RayExecutor",
     "SQLContext",
     "SQLError",
+    "SavepointError",
     "SourceError",
     "StateBudgetExceededError",
     "StateInput",
     "StateOutput",
+    "StateReadError",
     "Stream",
     "StreamingQuery",
     "TransformError",
@@ -105,6 +110,7 @@ __all__ = [
     "read_kafka",
     "read_memory",
     "read_parquet_output",
+    "read_state",
     "session_window",
     "sql",
     "table",

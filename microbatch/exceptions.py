@@ -32,8 +32,10 @@ __all__ = [
     "PlanError",
     "QueryTerminatedError",
     "SQLError",
+    "SavepointError",
     "SourceError",
     "StateBudgetExceededError",
+    "StateReadError",
     "TransformError",
     "TriggerError",
     "UnknownColumnError",
@@ -147,6 +149,17 @@ class CheckpointLockedError(CheckpointError):
 
 class IncompatibleCheckpointError(CheckpointError):
     """The checkpoint was written by a job whose sources or operators differ."""
+
+
+class StateReadError(CheckpointError):
+    """An operator's state cannot be read offline as asked (``read_state``,
+    ``microbatch state``): no such operator or committed batch, a purged version;
+    the message lists what can be read."""
+
+
+class SavepointError(CheckpointError):
+    """A savepoint cannot be written, or a job cannot start from it: the message
+    names every incompatibility between the savepoint's state and the new job."""
 
 
 class JobError(MicrobatchError):

@@ -175,11 +175,17 @@ class Chain:
 
 
 class VersionFiles:
-    """Lists, plans, purges and discards the version files of one store directory."""
+    """Lists, plans, purges and discards the version files of one store directory.
 
-    def __init__(self, directory: Path) -> None:
+    ``read_only=True`` (an offline reader beside a job that may be running)
+    creates nothing and removes nothing: a temp file may be a live write.
+    """
+
+    def __init__(self, directory: Path, *, read_only: bool = False) -> None:
         self.directory = directory
         self.dirs = {kind: directory / kind for kind in KINDS}
+        if read_only:
+            return
         for d in self.dirs.values():
             make_dirs(d)
         for d in self.dirs.values():
@@ -192,7 +198,9 @@ class VersionFiles:
 
     def versions(self, kind: Kind) -> list[int]:
         """Versions that have a ``kind`` file, ascending."""
-        out = []
+        out: list[int] = []
+        if not self.dirs[kind].is_dir():
+            return out
         for entry in os.scandir(self.dirs[kind]):
             stem, dot, ext = entry.name.partition(".")
             if dot and ext == "arrow" and stem.isdigit():

@@ -68,6 +68,10 @@ class StateStoreProvider:
     added_values
         Value columns added to the schema after some versions were written: they
         read as nulls from older files (schema evolution by added nullable columns).
+    read_only
+        An offline reader (:meth:`read_version`) beside a job that may be
+        running: nothing is created, no file is deleted (not even the versions
+        newer than the one read, nor temp files), and nothing can be committed.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class StateStoreProvider:
         min_snapshot_bytes: int = 1 << 20,
         added_values: Sequence[str] = (),
         layout: Layout = "keyed",
+        read_only: bool = False,
         _hash_bits: int = 64,
     ) -> None:
         if retention_versions < 1:
@@ -109,7 +114,8 @@ class StateStoreProvider:
         if layout == "append" and time_column is None:
             raise StateStoreError("layout='append' needs a time_column (what pops rows)")
         self.layout = layout
-        self._files = VersionFiles(self.directory)
+        self.read_only = read_only
+        self._files = VersionFiles(self.directory, read_only=read_only)
         self._store: StateStore | AppendBuffer | None = None
         # Snapshot policy, restored from the chain on every rebuild.
         self._snapshot_bytes = 0
@@ -119,6 +125,35 @@ class StateStoreProvider:
     def latest_version(self) -> int:
         """Newest committed version on disk (0 when none)."""
         return self._files.latest()
+
+    def committed_versions(self) -> list[int]:
+        """The versions >= 1 that :meth:`read_version` can rebuild now, ascending
+        (a snapshot, or a changelog on top of a rebuildable version; version 0,
+        the empty state, needs no file and is always readable)."""
+        files = self._files
+        snapshots = set(files.versions("snapshot"))
+        changelogs = set(files.versions("changelog"))
+        out: list[int] = []
+        for v in range(1, files.latest() + 1):
+            if v in snapshots or (v in changelogs and (v == 1 or (out and out[-1] == v - 1))):
+                out.append(v)
+        return out
+
+    def read_version(self, version: int) -> pl.DataFrame:
+        """Every row of committed ``version`` (key, value columns; an append
+        buffer's rows in arrival order), rebuilt from disk without touching it.
+
+        Needs no lock and deletes nothing (see ``read_only``); raises
+        StateCorruptError, as :meth:`load`, naming a missing or damaged file.
+        O(state).
+        """
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise StateStoreError(f"read_version({version!r}): the version must be an int >= 0")
+        store = self._rebuild(version, discard=False)
+        try:
+            return store.to_frame()
+        finally:
+            store.close("it was read by read_version")
 
     def begin_at(self, version: int) -> None:
         """Make ``version`` hold the empty state in a directory without versions.
@@ -131,6 +166,7 @@ class StateStoreProvider:
         Call it before recording the operator's schema, which makes the store
         exist on a restart.
         """
+        self._check_writable()
         if version <= 0 or self._files.latest() > 0:
             return
         write_arrow(
@@ -147,6 +183,7 @@ class StateStoreProvider:
         O(1) when the in-memory store is exactly that version; otherwise it is
         rebuilt from disk and the files of newer versions are deleted.
         """
+        self._check_writable()
         if self.layout != "keyed":
             raise StateStoreError("this provider keeps an append buffer: call load_buffer()")
         store = self._load(version)
@@ -156,11 +193,19 @@ class StateStoreProvider:
     def load_buffer(self, version: int) -> AppendBuffer:
         """The append buffer (``layout="append"``) holding committed ``version``;
         costs as :meth:`load`."""
+        self._check_writable()
         if self.layout != "append":
             raise StateStoreError("this provider keeps a keyed store: call load()")
         store = self._load(version)
         assert isinstance(store, AppendBuffer)
         return store
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise StateStoreError(
+                f"the provider of {self.directory} is read-only (an offline reader): use "
+                "read_version(), or open it without read_only=True to run batches"
+            )
 
     def _load(self, version: int) -> StateStore | AppendBuffer:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
@@ -178,7 +223,7 @@ class StateStoreProvider:
         store.begin_batch((time.perf_counter() - started) * 1000)
         return store
 
-    def _rebuild(self, version: int) -> StateStore | AppendBuffer:
+    def _rebuild(self, version: int, *, discard: bool = True) -> StateStore | AppendBuffer:
         files, schema = self._files, self.schema.polars_schema
         chain = files.chain(version)
         if chain.snapshot:
@@ -205,6 +250,8 @@ class StateStoreProvider:
             store.apply_changelog(
                 read_arrow(path, kind="changelog", version=v, schema=schema, added=self._added)
             )
+        if not discard:
+            return store
         if files.latest() > version:
             files.discard_after(version)
         self._snapshot_bytes = files.size("snapshot", chain.snapshot) if chain.snapshot else 0

@@ -35,6 +35,7 @@ MODULES = [
     "microbatch.sql.dialect",
     "microbatch.sql.parse",
     "microbatch.sql.script",
+    "microbatch.state.reader",
     "microbatch.testing",
     "sinks.memory",
 ]
@@ -50,6 +51,7 @@ DOCUMENTED = [
     "microbatch.api.readers.generate",
     "microbatch.api.readers.table",
     "microbatch.api.readers.parquet_table",
+    "microbatch.state.reader.read_state",
     # windows
     "microbatch.plan.windows.window",
     "microbatch.plan.windows.session_window",

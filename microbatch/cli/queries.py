@@ -271,6 +271,14 @@ def run(
                         "the watermark to the end of input and emit every window still open "
                         "(one more batch, committed like the others). Later rows for those "
                         "windows are late.")] = False,
+    from_savepoint: Annotated[Path | None, typer.Option(
+        "--from-savepoint", metavar="DIR",
+        help="Start on a new --checkpoint from a savepoint (`microbatch savepoint`) when the "
+             "operators' state is compatible.")] = None,
+    state_map: Annotated[list[str] | None, typer.Option(
+        "--map", metavar="OLD=NEW",
+        help="With --from-savepoint: the new operator that takes an old one's state "
+             "(OLD=: drop it; =NEW: start NEW empty); repeatable.")] = None,
 ) -> None:
     """Run a job file until its trigger ends or SIGINT/SIGTERM stops it."""
     from microbatch.cli.jobfile import build_writer
@@ -286,6 +294,11 @@ def run(
                 executor = RayExecutor(workers=workers or 2, address=ray_address)
             writer = build_writer(job, params, note=_note)
             preflight.check(writer)
+            if from_savepoint is not None or state_map:
+                from microbatch.cli.state import start_from_savepoint
+
+                start_from_savepoint(from_savepoint, state_map or [], checkpoint, writer,
+                                     sharded=executor is not None, note=_note)
             display = LiveLine("microbatch") if out.is_terminal else BatchLines()
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name=name, stopper=stopper, display=display,

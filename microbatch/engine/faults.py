@@ -10,7 +10,9 @@ Points, in lifecycle order: ``after_plan``, ``after_write_ahead``,
 ``sink.before_commit`` / ``sink.after_commit`` (inside sinks that have them),
 ``after_sink``, ``after_state_commit``, ``after_commit``,
 ``after_report``; in the workers of a scaled-out query (Ray):
-``worker.map``, ``worker.reduce``, ``worker.commit``. The side outputs,
+``worker.map``, ``worker.reduce``, ``worker.commit``; while ``run
+--from-savepoint`` assembles a new checkpoint: ``restore.before_publish`` (with
+the savepoint's batch id). The side outputs,
 written before the sink in step 5, have their own sink points:
 ``dead_letter.sink.after_data``, ``late.sink.after_data`` (so that
 ``sink.after_data`` is the query's sink, whether or not the batch had a bad
@@ -41,6 +43,8 @@ POINTS = (
 )
 WORKER_POINTS = ("worker.map", "worker.reduce", "worker.commit")
 """Points inside the Ray workers of a scaled-out query (not passed in one process)."""
+RESTORE_POINTS = ("restore.before_publish",)
+"""Points of ``run --from-savepoint`` (passed once, before the first batch)."""
 
 
 class InjectedFault(RuntimeError):
