@@ -69,6 +69,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
@@ -78,7 +79,7 @@ from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.changelog import CHANGE_TYPE, is_changelog
 from sinks.changes import changelog_rows, table_changes
 from sinks.delta_durability import local_root, persist_versions
-from sinks.delta_writers import WriterEntry, check_writers, register_writer
+from sinks.delta_writers import WriterEntry, check_writers, now_text, register_writer
 from sinks.exceptions import SinkConfigError, SinkError
 
 if TYPE_CHECKING:
@@ -393,8 +394,9 @@ class DeltaSink(Sink):
                 _arrow(data).schema,
                 mode="ignore",
                 partition_by=list(self.partition_by) or None,
-                configuration={_CDF: "true"} if self.change_data_feed else None,
+                configuration=self._create_configuration(),
                 storage_options=self.storage_options or None,
+                raise_if_key_not_exists=False,  # our writer registry's key
             )
         except Exception as exc:
             if not _is_conflict(exc):  # a concurrent creator won: use its table
@@ -411,6 +413,15 @@ class DeltaSink(Sink):
         self._persist(0)
         assert self._table is not None
         return self._table
+
+    def _create_configuration(self) -> dict[str, str | None]:
+        """The new table's properties: its change feed, and this query as its writer
+        (registered in the creating commit: no extra version)."""
+        me = replace(self._writer(), since=now_text())
+        config: dict[str, str | None] = {me.key: me.to_json()}
+        if self.change_data_feed:
+            config[_CDF] = "true"
+        return config
 
     def _check_change_feed(self, table: DeltaTable) -> None:
         config = table.metadata().configuration

@@ -72,7 +72,7 @@ class WriterEntry:
     """One query registered as a writer of a table (the value of its property)."""
 
     query_id: str
-    checkpoint: str | None
+    checkpoint: str | None = None
     role: str = "output"
     """``output``, ``late`` or ``dead_letter``: which of the query's outputs."""
     since: str = ""

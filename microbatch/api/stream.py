@@ -2012,9 +2012,7 @@ class Stream:
 
         >>> from deltalake import DeltaTable
         >>> [commit["operation"] for commit in DeltaTable(table).history()]
-        ['MERGE', 'MERGE', 'SET TBLPROPERTIES', 'CREATE TABLE']
-
-        (``SET TBLPROPERTIES`` registers the query as the table's writer.)
+        ['MERGE', 'MERGE', 'CREATE TABLE']
         """
         from microbatch.api.writer import output_keys
         from sinks.delta import DeltaSink
