@@ -1,5 +1,5 @@
 """The ``microbatch`` command line: ``run``, ``sql``, ``status``, ``report``, ``demo``,
-``backfill``, ``diff`` and ``lateness``; each command lives in a module of this
+``backfill``, ``diff``, ``lateness`` and ``promote``; each command lives in a module of this
 package (``queries``, ``inspect``, ``tables``) and registers on the one app.
 
 Exit codes:
@@ -27,14 +27,14 @@ import signal
 import sys
 
 from microbatch._interrupt import EXIT_INTERRUPTED, exit_handler
-from microbatch.cli import inspect, queries, tables
+from microbatch.cli import inspect, promote, queries, tables
 from microbatch.cli import sql as sql_command
 from microbatch.cli.common import JobCommand, app
 
 __all__ = ["app", "main"]
 
 for command in (queries.run, sql_command.sql, inspect.status, inspect.report, queries.demo,
-                queries.backfill, tables.diff, tables.lateness):
+                queries.backfill, tables.diff, tables.lateness, promote.promote):
     # in the order of `microbatch --help`; a command taking a job lists its parameters
     job_command = command in (queries.run, queries.backfill)
     app.command(cls=JobCommand if job_command else None)(command)
