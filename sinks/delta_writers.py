@@ -88,6 +88,9 @@ class WriterEntry:
     promoted_batch: int | None = None
     """On the new writer's entry: the batch up to which the promote commit holds
     its rows (its app transaction on this table)."""
+    previous_version: int | None = None
+    """On the new writer's entry: the table's version before the promote (what
+    ``DeltaTable.restore`` goes back to, to undo it)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -39,12 +39,12 @@ def promote(
     commit writes REBUILD's rows (its schema and partitioning) with NEW's app
     transaction at NEW's last committed batch. Readers see the old rows or the
     new ones, never a mix; the old rows stay readable by time travel (undo:
-    DeltaTable(LIVE).restore(VERSION)). Afterwards run the job with --checkpoint
-    NEW writing to LIVE. Refused (exit 2, nothing changed) while NEW or a writer
-    of LIVE is running, or while NEW has a batch not committed. Re-running after
-    a crash finishes the promote, or does nothing when it had landed. Promote a
-    job's late and dead-letter tables the same way, one command per table, with
-    the same NEW.
+    DeltaTable(LIVE).restore(VERSION), the version printed). Afterwards run the
+    job with --checkpoint NEW writing to LIVE. Refused (exit 2, nothing
+    changed) while NEW or a writer of LIVE is running, or while NEW has a batch
+    not committed. Re-running after a crash finishes the promote, or does
+    nothing when it had landed. Promote a job's late and dead-letter tables the
+    same way, one command per table, with the same NEW.
     """
     from microbatch.tools.promote import promote as run_promote
 
@@ -64,4 +64,5 @@ def promote(
     out.print(f"promoted {result.rebuild} (version {result.rebuild_version}) into "
               f"{result.live} as version {result.version}; writer from now on: query "
               f"{result.query_id} (checkpoint {checkpoint}, batches up to {result.batch} "
-              f"are in); retired writers: {retired}")
+              f"are in); retired writers: {retired}. Undo: "
+              f"DeltaTable({result.live!r}).restore({result.previous_version})")

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +78,9 @@ class PromoteResult:
     version: int
     """The version of ``LIVE`` that holds the rebuild's rows."""
     rebuild_version: int
+    previous_version: int
+    """The version of ``LIVE`` before the promote: ``DeltaTable(LIVE).restore(it)``
+    undoes it (the old writers are then active again)."""
     already: bool
     """The promote had landed before this call (a re-run): nothing was done."""
     retired: list[str] = field(default_factory=list)
@@ -108,22 +111,32 @@ def promote(
     mine = table_writers(table).get(query_id)
     if mine is not None and mine.promoted_batch == batch and mine.rebuild == rebuild_uri \
             and done is not None and done >= batch:
-        return PromoteResult(live_uri, rebuild_uri, query_id, batch, _promote_version(table),
-                             _rebuild_version(table), already=True)
+        commit = _promote_commit(table)
+        marker = commit.get("marker", {})
+        return PromoteResult(live_uri, rebuild_uri, query_id, batch,
+                             int(commit.get("version", table.version())),
+                             int(marker.get("rebuild_version", -1)),
+                             int(marker.get("previous_version", -1)), already=True)
     if done is not None:
         raise PromoteError(
             f"Delta table {live_uri} already holds batches up to {done} of query {query_id} "
-            f"(checkpoint {chk.root}): that query writes it already, there is nothing to "
-            "promote. Promote a rebuild written by a new checkpoint."
+            f"(checkpoint {chk.root}): that query writes it already, or a promote of it was "
+            "undone by a restore (its app transaction stays in the log). Nothing was "
+            "changed. Promote a rebuild written by a new checkpoint."
         )
     _refuse_running_writers(table, live_uri, query_id)
     retired: list[str] = []
-    if not (mine is not None and mine.promoted_batch == batch and mine.rebuild == rebuild_uri):
-        table, retired = _retire(table, live_uri, options, new, rebuild_uri, batch)
+    if mine is not None and mine.promoted_batch == batch and mine.rebuild == rebuild_uri:
+        previous = -1 if mine.previous_version is None else mine.previous_version  # a re-run
+    else:
+        previous = int(table.version())
+        table, retired = _retire(table, live_uri, options, replace(new, previous_version=previous),
+                                 rebuild_uri, batch)
     fault_point("promote.after_retire", batch)
-    version = _replace(table, live_uri, rebuild_table, rebuild_uri, query_id, batch)
+    version = _replace(table, rebuild_table, Marker(live_uri, rebuild_uri, query_id, batch,
+                                                    previous))
     return PromoteResult(live_uri, rebuild_uri, query_id, batch, version,
-                         rebuild_table.version(), already=False, retired=retired)
+                         rebuild_table.version(), previous, already=False, retired=retired)
 
 
 def _committed(chk: Checkpoint) -> tuple[str, int]:
@@ -202,16 +215,26 @@ def _retire(  # noqa: PLR0917 - private, one call site
     raise PromoteError(f"Delta table {uri}: retiring its writers conflicted {ATTEMPTS} times")
 
 
-def _replace(  # noqa: PLR0917 - private, one call site
-    table: DeltaTable, uri: str, rebuild_table: DeltaTable, rebuild: str, query_id: str,
-    batch: int,
-) -> int:
+@dataclass(frozen=True)
+class Marker:
+    """What the promote commit records in its custom metadata ``microbatch.promote``."""
+
+    live: str
+    rebuild: str
+    query_id: str
+    batch: int
+    previous_version: int
+
+
+def _replace(table: DeltaTable, rebuild_table: DeltaTable, what: Marker) -> int:
     """Step 3: one overwrite commit with the rebuild's rows and ``(NEW, B)``."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
+    uri, query_id, batch = what.live, what.query_id, what.batch
     rows = rebuild_table.to_pyarrow_dataset().scanner().to_reader()
-    marker = {"from": rebuild, "rebuild_version": rebuild_table.version(),
-              "query_id": query_id, "batch": batch, "at": now_text()}
+    marker = {"from": what.rebuild, "rebuild_version": rebuild_table.version(),
+              "query_id": query_id, "batch": batch, "at": now_text(),
+              "previous_version": what.previous_version}
     try:
         write_deltalake(
             table, rows, mode="overwrite", schema_mode="overwrite",
@@ -244,11 +267,4 @@ def _promote_commit(table: DeltaTable) -> dict[str, Any]:
             return dict(commit, **{"marker": json.loads(commit["microbatch.promote"])})
     return {}
 
-
-def _promote_version(table: DeltaTable) -> int:
-    return int(_promote_commit(table).get("version", table.version()))
-
-
-def _rebuild_version(table: DeltaTable) -> int:
-    return int(_promote_commit(table).get("marker", {}).get("rebuild_version", -1))
 

@@ -31,6 +31,7 @@ from test_delta_cli import one_shot_daily_totals
 from microbatch.checkpoint.lock import CheckpointLock
 from microbatch.exceptions import PromoteError
 from microbatch.tools.promote import PromoteResult, promote
+from sinks.delta_writers import WriterEntry, table_writers
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "jobs" / "daily_totals.py"
@@ -65,6 +66,7 @@ class Flow:
     refusal: str = ""
     again: PromoteResult | None = None
     history: list[dict[str, object]] = field(default_factory=list)
+    writers: dict[str, WriterEntry] = field(default_factory=dict)
 
     @property
     def lake(self) -> Path:
@@ -124,6 +126,10 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Flow:
     steps["handover"] = run(f.chk("new"), f.lake, f.live)
     steps["old_after"] = run(f.chk("old"), f.lake, f.live)
     f.frames["live_final"] = table(f.live)
+    assert f.again is not None
+    DeltaTable(str(f.live)).restore(f.again.previous_version)  # the documented undo
+    f.frames["undone"] = table(f.live)
+    f.writers = table_writers(DeltaTable(str(f.live)))
     return f
 
 
@@ -179,3 +185,9 @@ def test_the_new_checkpoint_takes_live_over_exactly_once(flow: Flow) -> None:
     old = flow.steps["old_after"]
     assert old.returncode == 2, old.stderr
     assert "by `microbatch promote`" in " ".join(old.stderr.split())
+
+
+def test_restoring_the_version_before_the_promote_undoes_it(flow: Flow) -> None:
+    assert flow.frames["undone"].equals(flow.frames["live_mid"])  # the old rows again
+    active = {e.checkpoint for e in flow.writers.values() if not e.retired}
+    assert active == {str(flow.chk("old"))}  # and the old writer is the writer again
