@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -63,6 +64,6 @@ def promote(
     retired = ", ".join(result.retired) or "none"
     out.print(f"promoted {result.rebuild} (version {result.rebuild_version}) into "
               f"{result.live} as version {result.version}; writer from now on: query "
-              f"{result.query_id} (checkpoint {checkpoint}, batches up to {result.batch} "
-              f"are in); retired writers: {retired}. Undo: "
+              f"{result.query_id} (checkpoint {Path(checkpoint).resolve()}, batches up to "
+              f"{result.batch} are in); retired writers: {retired}. Undo: "
               f"DeltaTable({result.live!r}).restore({result.previous_version})")
