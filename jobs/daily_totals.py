@@ -6,10 +6,19 @@ day and card in the ``output`` Delta table -- ``day``, ``window_start``,
 ``window_end``, ``card_id``, ``transactions``, ``total_amount``,
 ``max_amount`` (exact decimals) -- MERGEd by (``day``, ``card_id``) in every
 batch that changes it (update mode, exactly once through Delta app
-transactions)::
+transactions). Finance's path stays batch (correct to the cent and restatable
+matters, not latency): run it every night as an available-now job, which reads
+every version appended since the night before, commits and exits::
 
-    microbatch run jobs/daily_totals.py --checkpoint chk/daily --trigger 1m \\
+    microbatch run jobs/daily_totals.py --checkpoint chk/daily --trigger available-now \\
         --param input=lake/transactions --param output=lake/daily_totals
+
+from cron as ``15 2 * * * cd /srv/lake && .venv/bin/microbatch run ...`` (the
+whole line is in the README, "Finance").
+
+A failed night is rerun with the same command: the checkpoint resumes at the
+first uncommitted batch and a batch that already landed is a no-op, so every
+version counts once. (``--trigger 1m`` keeps the same job running instead.)
 
 A correction booked days later (a refund, a chargeback: a row whose
 ``event_time`` is in an old day) updates that day's row as long as it arrives
@@ -23,6 +32,11 @@ commit that replaces exactly the rows of that day, Delta's replaceWhere)::
     microbatch backfill jobs/daily_totals.py --checkpoint chk/restate-0103 \\
         --param input=lake/transactions --param output=lake/daily_totals \\
         --replace-where "day = '2026-01-03'"
+
+The restatement replays the whole log on a new checkpoint with the watermark
+held (no row is late in it), so the day counts every one of its rows, those in
+the late table included, for any ``max_files_per_batch``; it writes nothing to
+the late table. A killed one replaced nothing: rerun it on a new checkpoint.
 
 Optional params: ``watermark``, ``allowed_lateness``, ``late_output``,
 ``max_files_per_batch``, ``starting_version``, ``optimize_every`` (compact the

@@ -28,6 +28,8 @@ GROUPS = {
     "tests/kafka/test_broker_faults.py": "kafka-faults",
     # a module fixture: the reference output of every determinism query
     "tests/engine/test_determinism.py": "determinism",
+    # a module fixture: the live finance job whose day is restated
+    "tests/delta/test_restate_caps.py": "restate-caps",
 }
 """Node id prefix (from the repository root) -> the group whose tests share a worker."""
 

@@ -87,6 +87,7 @@ class DataStreamWriter:
         executor: Executor | None = None,
         state_memory_budget: int | str | None = None,
         flush_at_end: bool = False,
+        hold_watermark: bool = False,
     ) -> StreamingQuery:
         """Start the query in a background thread and return its handle.
 
@@ -147,6 +148,18 @@ class DataStreamWriter:
             checkpoint: on a later run, rows for the flushed windows are late
             (``late_rows``, ``.on_late(sink)``). Refused with an interval trigger,
             whose input never ends.
+        hold_watermark
+            With a bounded trigger: hold the watermark where the checkpoint left
+            it (none on a new checkpoint) until the input ends, then flush as
+            ``flush_at_end`` does (implied). No row is late and no window,
+            session, join buffer or dedupe key is closed or evicted before the
+            end, so the result equals a one-shot computation over the input
+            whatever the sources' ``max_*_per_batch`` caps: a replay that must
+            not re-apply the lateness rule (``microbatch backfill
+            --replace-where`` restates with it). Event-time timers fire at the
+            flush; processing-time timers and TTLs still run. State holds the
+            whole history replayed until the flush: bound it with
+            ``state_memory_budget``. Refused with an interval trigger.
 
         Returns
         -------
@@ -159,7 +172,7 @@ class DataStreamWriter:
             When ``retention`` is below 1, ``durability`` is unknown or
             ``state_memory_budget`` is not a positive size
             (:class:`~microbatch.TriggerError` for an unknown trigger, or
-            ``flush_at_end`` with an interval trigger).
+            ``flush_at_end`` or ``hold_watermark`` with an interval trigger).
         CheckpointError
             At once when the checkpoint is unusable: locked by a running query
             (:class:`~microbatch.CheckpointLockedError`), written by a different job
@@ -201,6 +214,13 @@ class DataStreamWriter:
             )
         budget = StateBudget.of(state_memory_budget)
         spec = parse_trigger(trigger)
+        if hold_watermark and isinstance(spec, ProcessingTime):
+            raise TriggerError(
+                "hold_watermark=True needs a bounded trigger, 'available-now' or 'once'; got "
+                f"trigger {str(spec)!r}, whose input never ends, so the held watermark would "
+                "never be released and state would grow forever. Use "
+                "trigger='available-now', or drop hold_watermark."
+            )
         if flush_at_end and isinstance(spec, ProcessingTime):
             raise TriggerError(
                 "flush_at_end=True (CLI: --flush) needs a bounded trigger, 'available-now' "
@@ -229,6 +249,7 @@ class DataStreamWriter:
             executor=executor,
             state_budget=budget,
             flush_at_end=flush_at_end,
+            hold_watermark=hold_watermark,
         )
         return StreamingQuery(execution, name=name)._start(
             metrics_port=metrics_port, metrics_host=metrics_host

@@ -133,6 +133,7 @@ def _run_query(
     executor: Executor | None = None,
     state_memory_budget: str | None = None,
     flush_at_end: bool = False,
+    hold_watermark: bool = False,
 ) -> tuple[StreamingQuery, RunStats, QueryTerminatedError | None]:
     """Start ``writer`` and follow it until it ends.
 
@@ -145,7 +146,7 @@ def _run_query(
     query = writer.start(checkpoint, trigger, name=name, metrics_port=metrics_port,
                          metrics_host=metrics_host, durability=durability,
                          executor=executor, state_memory_budget=state_memory_budget,
-                         flush_at_end=flush_at_end)
+                         flush_at_end=flush_at_end, hold_watermark=hold_watermark)
     stopper.attach(query)
     if query.metrics_url:
         display.note(f"serving Prometheus metrics on {query.metrics_url}")
@@ -385,6 +386,13 @@ def _late_line(late: Path) -> str:
 # ------------------------------------------------------------------ backfill
 
 
+def _side_note(counts: dict[str, int]) -> str:
+    """``; kept out of the job's side outputs: 2 late rows`` (empty when none)."""
+    labels = {"late_sink": "late rows", "dead_letter": "dead letters"}
+    shown = [f"{n:,} {labels.get(side, side)}" for side, n in counts.items() if n]
+    return f"; kept out of the job's side outputs: {', '.join(shown)}" if shown else ""
+
+
 def backfill(
     job: Annotated[Path, typer.Argument(help="The job file: a .py defining build(params).",
                                         metavar="JOB.py", show_default=False)],
@@ -431,7 +439,9 @@ def backfill(
                 if Checkpoint(checkpoint).exists():
                     raise CliError(
                         f"--replace-where recomputes from the sources' start: use a new "
-                        f"--checkpoint directory, not {checkpoint} (it holds a checkpoint)"
+                        f"--checkpoint directory, not {checkpoint} (it holds a checkpoint; "
+                        "an interrupted restatement replaced nothing, so run it again "
+                        "on a new directory)"
                     )
                 restate = Restatement.of(writer, replace_where)
                 writer = restate.staged
@@ -439,13 +449,14 @@ def backfill(
             display = BackfillBar(tracker) if out.is_terminal else BackfillLines(tracker)
             query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
                                              name=name or "backfill", stopper=stopper,
-                                             display=display)
+                                             display=display,
+                                             hold_watermark=restate is not None)
             if restate is not None and error is None and stopper.reason is None:
                 rows = restate.rows()
                 version = restate.commit(rows)
                 out.print(f"restated {rows.height:,} rows where {escape(restate.predicate)} in "
                           f"{escape(restate.table.uri)} (version {version}); the other "
-                          "rows are unchanged", soft_wrap=True)
+                          f"rows are unchanged{_side_note(restate.side_rows())}", soft_wrap=True)
     except USER_ERRORS as exc:
         raise fail(str(exc), getattr(exc, "code", 2)) from None
     except OSError as exc:

@@ -14,7 +14,9 @@ reads top to bottom as the protocol of docs/design.md::
 
 End of a bounded input (``once``/``available-now``, :meth:`end_of_input`)::
 
-    if flush_at_end and some row was seen:
+    (hold_watermark: every batch before this one ran at the watermark the run
+     started with, None on a new checkpoint: no row late, no window closed)
+    if (flush_at_end or hold_watermark) and some row was seen:
         W = newest event time + the plan's event-time reach
         if the watermark is below W: raise it to W and run one no-data batch
             through steps 1..7 (offsets/N records W: a crash re-runs it as is)
@@ -158,9 +160,11 @@ class MicroBatchExecution:
         executor: Executor | None = None,
         state_budget: StateBudget | None = None,
         flush_at_end: bool = False,
+        hold_watermark: bool = False,
     ) -> None:
         self.plan = plan
-        self.flush_at_end = flush_at_end
+        # NOTE: a held watermark is released by the flush at the end of input
+        self.flush_at_end = flush_at_end or hold_watermark
         self.state_budget = state_budget
         self.durability = durability
         self.sink = sink
@@ -179,6 +183,8 @@ class MicroBatchExecution:
             plan, output_mode=output_mode, durability=durability
         )
         self.tracker = self.executor.tracker
+        if hold_watermark:
+            self.tracker.hold()
         self.watermark_in_force: int | None = None
         self.input_schemas: dict[str, pl.Schema] = {}
         self.read_ahead = ReadAhead(self.sources)

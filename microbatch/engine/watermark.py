@@ -102,6 +102,8 @@ class WatermarkTracker:
         self.specs = specs
         self.policy = policy
         self.current: int | None = None
+        self.held = False
+        """``hold_watermark``: batches do not move the watermark (:meth:`hold`)."""
         # node id -> partition id -> {"max": ms, "seen": processing ms}
         self.partitions: dict[str, dict[str, dict[str, int]]] = {nid: {} for nid in specs}
 
@@ -181,9 +183,23 @@ class WatermarkTracker:
         candidates = active or [p["max"] for p in parts.values()]
         return min(candidates) - spec.delay_ms
 
+    def hold(self) -> None:
+        """Hold the watermark where it is until the end of input (``hold_watermark``).
+
+        Batches still fold their event-time maxima (so :meth:`end_of_input` knows
+        the newest row), but neither :meth:`advance` nor a processing-time
+        attribute moves the watermark: no row is late and no window closes
+        before the flush at the end of input (:meth:`raise_to`), whatever the
+        batch boundaries. A restatement's rule (``microbatch backfill
+        --replace-where``).
+        """
+        self.held = True
+
     def advance(self, now_ms: int) -> int | None:
-        """Recompute the watermark after a batch; it never moves backwards."""
-        self.current = self._at(now_ms)
+        """Recompute the watermark after a batch; it never moves backwards (nor
+        at all when :meth:`held <hold>`)."""
+        if not self.held:
+            self.current = self._at(now_ms)
         return self.current
 
     def planned(self, now_ms: int) -> int | None:
@@ -197,7 +213,7 @@ class WatermarkTracker:
         query's trigger still runs the no-data batch that closes them. The value
         is recorded in ``offsets/N``: a re-run uses it, never the clock.
         """
-        if not self.has_processing_time():
+        if self.held or not self.has_processing_time():
             return self.current
         return self._at(now_ms)
 

@@ -152,6 +152,7 @@ def test_restating_one_day_replaces_its_rows_and_touches_no_other(
     again = backfill(lake, tmp_path / "chk-restate", out, "--replace-where", "day = '2026-01-03'")
     assert again.returncode == 2
     assert "use a new --checkpoint" in again.stderr
+    assert "an interrupted restatement replaced nothing" in again.stderr
 
 
 def test_diff_exit_codes_and_report(lake: Path, tmp_path: Path) -> None:
