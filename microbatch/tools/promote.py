@@ -116,7 +116,8 @@ def promote(
         return PromoteResult(live_uri, rebuild_uri, query_id, batch,
                              int(commit.get("version", table.version())),
                              int(marker.get("rebuild_version", -1)),
-                             int(marker.get("previous_version", -1)), already=True)
+                             -1 if mine.previous_version is None else mine.previous_version,
+                             already=True)
     if done is not None:
         raise PromoteError(
             f"Delta table {live_uri} already holds batches up to {done} of query {query_id} "

@@ -173,6 +173,7 @@ def test_promote_swaps_the_rebuild_in_once(flow: Flow) -> None:
     assert "promoted" in flow.steps["promote"].stdout
     assert flow.again is not None
     assert flow.again.already  # a re-run finds it done and commits nothing
+    assert flow.again.previous_version == flow.versions["live_before"]  # what undo restores
     assert flow.versions["live_again"] == flow.versions["live_promoted"]
     assert "microbatch.promote" in flow.history[0]  # the overwrite names its rebuild
     assert flow.history[1]["operation"] == "SET TBLPROPERTIES"  # the retirement
