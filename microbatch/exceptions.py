@@ -30,6 +30,7 @@ __all__ = [
     "JobError",
     "MicrobatchError",
     "PlanError",
+    "PromoteError",
     "QueryTerminatedError",
     "SQLError",
     "SavepointError",
@@ -211,3 +212,8 @@ def _budget_error(message: str, batch_id: int, budget_bytes: int, state_bytes: i
                   operators: list[dict[str, Any]]) -> StateBudgetExceededError:
     return StateBudgetExceededError(message, batch_id=batch_id, budget_bytes=budget_bytes,
                                     state_bytes=state_bytes, operators=operators)
+
+
+class PromoteError(MicrobatchError):
+    """``microbatch promote`` cannot swap a rebuild into a live table (a writer
+    still running, a batch not committed, a table missing); nothing was changed."""

@@ -29,7 +29,13 @@ from __future__ import annotations
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.console import ConsoleSink
 from sinks.delta import DeltaSink
-from sinks.exceptions import SinkConfigError, SinkError
+from sinks.exceptions import (
+    OtherWriterError,
+    PromoteUnfinishedError,
+    RetiredWriterError,
+    SinkConfigError,
+    SinkError,
+)
 from sinks.fanout import FanOutSink
 from sinks.foreach import ForeachBatchSink
 from sinks.kafka import KafkaSink
@@ -52,8 +58,11 @@ __all__ = [
     "ForeachBatchSink",
     "KafkaSink",
     "MemorySink",
+    "OtherWriterError",
     "OutputMode",
     "ParquetSink",
+    "PromoteUnfinishedError",
+    "RetiredWriterError",
     "Routed",
     "Sink",
     "SinkConfigError",

@@ -50,6 +50,9 @@ class SinkContext:
     """Called as ``fault_point(name, batch_id)`` at named points inside a
     sink's commit protocol (e.g. ``"sink.after_data"``), so crash tests can
     kill the process there. ``None`` outside tests."""
+    role: str = "output"
+    """Which output of the query this sink is: ``output``, ``late`` or
+    ``dead_letter`` (a table's writer registry records it)."""
 
     def at(self, name: str, batch_id: int) -> None:
         """Signal that the sink reached point ``name`` while writing ``batch_id``."""

@@ -69,6 +69,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
@@ -78,6 +79,7 @@ from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.changelog import CHANGE_TYPE, is_changelog
 from sinks.changes import changelog_rows, table_changes
 from sinks.delta_durability import local_root, persist_versions
+from sinks.delta_writers import WriterEntry, check_writers, now_text, register_writer
 from sinks.exceptions import SinkConfigError, SinkError
 
 if TYPE_CHECKING:
@@ -142,6 +144,14 @@ class DeltaSink(Sink):
         have it (:class:`SinkConfigError` otherwise, naming the fix). Not with
         ``output_mode="changelog"``: that table holds a ``_change_type``
         column, a name Delta's change feed reserves.
+    allow_other_writers
+        ``False`` (default): the table belongs to one streaming query. The
+        sink registers its query in the table's properties
+        (:mod:`sinks.delta_writers`) and refuses, at open, a table another
+        active query writes (:class:`~sinks.delta_writers.OtherWriterError`,
+        naming that query's checkpoint): two checkpoints appending the same
+        rows would double them. ``True``: several queries write the table on
+        purpose (each its own rows).
 
     Output modes: ``append`` appends; ``complete`` overwrites; ``update``
     MERGEs by ``merge_keys`` -- a batch carrying ``_change_type`` (a
@@ -154,7 +164,9 @@ class DeltaSink(Sink):
     Guarantees: a batch id is in the table at most once, whatever the
     crashes, replays and concurrent writers with the same query id; a batch
     is all there or not there (one Delta commit); a schema mismatch never
-    writes anything.
+    writes anything; a second query writing the table is refused before it
+    writes (unless ``allow_other_writers=True``), and so is a query that
+    ``microbatch promote`` retired from it.
     """
 
     supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete", "changelog")
@@ -170,6 +182,7 @@ class DeltaSink(Sink):
         optimize_every: int | None = None,
         max_attempts: int = MAX_ATTEMPTS,
         change_data_feed: bool = False,
+        allow_other_writers: bool = False,
     ) -> None:
         if schema_mode not in (None, "merge"):
             raise SinkConfigError(
@@ -194,6 +207,7 @@ class DeltaSink(Sink):
         self.optimize_every = optimize_every
         self.max_attempts = max_attempts
         self.change_data_feed = bool(change_data_feed)
+        self.allow_other_writers = bool(allow_other_writers)
         self.last_commit: dict[str, Any] = {}
         """What the last ``add_batch`` did: ``batch_id``, ``skipped``, ``attempts``,
         ``version`` (the table version it committed) and ``commit_ms``."""
@@ -229,6 +243,20 @@ class DeltaSink(Sink):
         if self._table is not None:
             self._check_partitioning(self._table)
             self._check_change_feed(self._table)
+            self._register(self._table)
+
+    def _writer(self) -> WriterEntry:
+        ctx = self.context
+        return WriterEntry(
+            query_id=ctx.query_id,
+            checkpoint=None if ctx.checkpoint_dir is None else str(ctx.checkpoint_dir),
+            role=ctx.role,
+            allow_other_writers=self.allow_other_writers,
+        )
+
+    def _register(self, table: DeltaTable) -> None:
+        """Refuse a table another query writes; register this query on it."""
+        self._table = register_writer(table, uri=self.uri, me=self._writer(), reload=self._load)
 
     def is_written(self, batch: BatchContext) -> bool:
         """The table's app transaction of this query is at or past the batch id."""
@@ -265,7 +293,9 @@ class DeltaSink(Sink):
             self._fresh = False
             if table is None:
                 table = self._create(data, batch_id)
-            elif attempt > 1 and _has_batch(table, batch):  # a racing writer of ours won
+            else:  # NOTE: before every commit: a promote may have retired this query
+                check_writers(table, uri=self.uri, me=self._writer(), opening=False)
+            if attempt > 1 and _has_batch(table, batch):  # a racing writer of ours won
                 self._record(batch_id, skipped=True, attempts=attempt, started=started)
                 return
             if data.height == 0 and mode != "complete":
@@ -311,6 +341,8 @@ class DeltaSink(Sink):
         }
         if self.change_data_feed:  # only when set: older checkpoints keep their description
             described["change_data_feed"] = True
+        if self.allow_other_writers:  # the same
+            described["allow_other_writers"] = True
         return described
 
     # ------------------------------------------------------------------ steps
@@ -362,8 +394,9 @@ class DeltaSink(Sink):
                 _arrow(data).schema,
                 mode="ignore",
                 partition_by=list(self.partition_by) or None,
-                configuration={_CDF: "true"} if self.change_data_feed else None,
+                configuration=self._create_configuration(),
                 storage_options=self.storage_options or None,
+                raise_if_key_not_exists=False,  # our writer registry's key
             )
         except Exception as exc:
             if not _is_conflict(exc):  # a concurrent creator won: use its table
@@ -374,10 +407,21 @@ class DeltaSink(Sink):
         if table is None:
             raise SinkError(f"Delta table {self.uri} was created but cannot be loaded")
         self._table = table
-        self._persist(0)
         self._check_partitioning(table)
         self._check_change_feed(table)  # a concurrent creator may have made it without
-        return table
+        self._register(table)  # a concurrent creator may be another query
+        self._persist(0)
+        assert self._table is not None
+        return self._table
+
+    def _create_configuration(self) -> dict[str, str | None]:
+        """The new table's properties: its change feed, and this query as its writer
+        (registered in the creating commit: no extra version)."""
+        me = replace(self._writer(), since=now_text())
+        config: dict[str, str | None] = {me.key: me.to_json()}
+        if self.change_data_feed:
+            config[_CDF] = "true"
+        return config
 
     def _check_change_feed(self, table: DeltaTable) -> None:
         config = table.metadata().configuration
@@ -429,7 +473,11 @@ class DeltaSink(Sink):
         matched keys and inserts the other unmatched keys."""
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        props = CommitProperties(app_transactions=[Transaction(self.context.query_id, batch_id)])
+        ctx = self.context
+        props = CommitProperties(
+            app_transactions=[Transaction(ctx.query_id, batch_id)],
+            custom_metadata={"microbatch.query_id": ctx.query_id, "microbatch.role": ctx.role},
+        )
         evolve = self.schema_mode == "merge"
         if mode == "update":
             source = data if deleted is None else data.with_columns(deleted)

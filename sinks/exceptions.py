@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from statestore.exceptions import MicrobatchError
 
-__all__ = ["SinkConfigError", "SinkError"]
+__all__ = [
+    "OtherWriterError",
+    "PromoteUnfinishedError",
+    "RetiredWriterError",
+    "SinkConfigError",
+    "SinkError",
+]
 
 
 class SinkError(MicrobatchError):
@@ -19,3 +25,18 @@ class SinkError(MicrobatchError):
 
 class SinkConfigError(SinkError):
     """A sink was configured wrongly (bad path, unsupported output mode)."""
+
+
+class OtherWriterError(SinkConfigError):
+    """The table is written by another streaming query: writing it too would
+    duplicate rows. Nothing was written."""
+
+
+class RetiredWriterError(SinkConfigError):
+    """This query was retired from the table (``microbatch promote`` replaced its
+    rows with a rebuild's). Nothing was written."""
+
+
+class PromoteUnfinishedError(SinkConfigError):
+    """A ``microbatch promote`` handing the table to this query did not finish
+    (killed between its two commits). Nothing was written."""

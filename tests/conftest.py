@@ -30,6 +30,8 @@ GROUPS = {
     "tests/engine/test_determinism.py": "determinism",
     # a module fixture: the live finance job whose day is restated
     "tests/delta/test_restate_caps.py": "restate-caps",
+    # a module fixture: the rebuild, promote and handover workflow
+    "tests/delta/test_promote.py": "promote",
 }
 """Node id prefix (from the repository root) -> the group whose tests share a worker."""
 

@@ -1934,6 +1934,7 @@ class Stream:
         schema_mode: SchemaMode | None = None,
         optimize_every: int | None = None,
         change_data_feed: bool = False,
+        allow_other_writers: bool = False,
     ) -> DataStreamWriter:
         """Write to a Delta table, one commit per batch, exactly once.
 
@@ -1972,6 +1973,12 @@ class Stream:
             Create the table with ``delta.enableChangeDataFeed=true`` (its
             commits then record their row changes, for ``read_delta(path,
             changes=True)``); an existing table must have it already.
+        allow_other_writers
+            The table belongs to one query by default: the query registers
+            itself in the table's properties, and a table another active
+            query writes is refused when the query starts (two checkpoints
+            appending the same rows would double them). ``True`` when several
+            queries write the table on purpose.
 
         Returns
         -------
@@ -2024,6 +2031,7 @@ class Stream:
             schema_mode=schema_mode,
             optimize_every=optimize_every,
             change_data_feed=change_data_feed,
+            allow_other_writers=allow_other_writers,
         )
         return self.write_to(sink, output_mode=output_mode)
 

@@ -1,7 +1,7 @@
 """The ``microbatch`` command line: ``run``, ``sql``, ``status``, ``report``, ``demo``,
-``backfill``, ``diff``, ``lateness``, ``state`` and ``savepoint``; each command lives
-in a module of this package (``queries``, ``inspect``, ``tables``, ``state``) and
-registers on the one app.
+``backfill``, ``diff``, ``lateness``, ``promote``, ``state`` and ``savepoint``; each
+command lives in a module of this package (``queries``, ``inspect``, ``tables``,
+``promote``, ``state``) and registers on the one app.
 
 Exit codes:
 
@@ -28,7 +28,7 @@ import signal
 import sys
 
 from microbatch._interrupt import EXIT_INTERRUPTED, exit_handler
-from microbatch.cli import inspect, queries, tables
+from microbatch.cli import inspect, promote, queries, tables
 from microbatch.cli import sql as sql_command
 from microbatch.cli import state as state_command
 from microbatch.cli.common import JobCommand, app
@@ -36,8 +36,8 @@ from microbatch.cli.common import JobCommand, app
 __all__ = ["app", "main"]
 
 for command in (queries.run, sql_command.sql, inspect.status, inspect.report, queries.demo,
-                queries.backfill, tables.diff, tables.lateness, state_command.state,
-                state_command.savepoint):
+                queries.backfill, tables.diff, tables.lateness, promote.promote,
+                state_command.state, state_command.savepoint):
     # in the order of `microbatch --help`; a command taking a job lists its parameters
     job_command = command in (queries.run, queries.backfill)
     app.command(cls=JobCommand if job_command else None)(command)

@@ -246,6 +246,7 @@ class MicroBatchExecution:
             checkpoint_dir=self.checkpoint.root,
             key_columns=self.key_columns if keys is None else keys,
             fault_point=points,
+            role=side or "output",
         )
 
     def close(self) -> None:

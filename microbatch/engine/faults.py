@@ -16,7 +16,8 @@ the savepoint's batch id). The side outputs,
 written before the sink in step 5, have their own sink points:
 ``dead_letter.sink.after_data``, ``late.sink.after_data`` (so that
 ``sink.after_data`` is the query's sink, whether or not the batch had a bad
-or late record).
+or late record). Outside a query: ``promote.after_retire`` (``microbatch
+promote``, between its two commits; the batch is the promoted one).
 
 With ``MICROBATCH_FAULT_ONCE=DIR`` each point fires once: a marker file in
 ``DIR`` records that it did (a replaced worker does not die again there).
