@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +53,10 @@ class SinkContext:
     role: str = "output"
     """Which output of the query this sink is: ``output``, ``late`` or
     ``dead_letter`` (a table's writer registry records it)."""
+    predecessors: Mapping[str, int] = field(default_factory=dict)
+    """Query id -> last batch it committed, of the queries this one continues
+    (a checkpoint started from their savepoint): a table they write is handed
+    over to this query rather than refused as another writer's."""
 
     def at(self, name: str, batch_id: int) -> None:
         """Signal that the sink reached point ``name`` while writing ``batch_id``."""

@@ -256,7 +256,8 @@ class DeltaSink(Sink):
 
     def _register(self, table: DeltaTable) -> None:
         """Refuse a table another query writes; register this query on it."""
-        self._table = register_writer(table, uri=self.uri, me=self._writer(), reload=self._load)
+        self._table = register_writer(table, uri=self.uri, me=self._writer(), reload=self._load,
+                                      predecessors=self.context.predecessors)
 
     def is_written(self, batch: BatchContext) -> bool:
         """The table's app transaction of this query is at or past the batch id."""

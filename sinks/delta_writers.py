@@ -30,8 +30,11 @@ and the retirement check runs before every commit attempt)::
             mine retired          -> RetiredWriterError
             mine promoted to batch B, txn(mine) < B -> PromoteUnfinishedError
             another active entry, no opt-in          -> OtherWriterError
-            mine missing          -> register (metadata commit); on a conflict
-                                     reload and check again
+            a predecessor (this query continues it from its savepoint at batch S)
+              that committed past S                  -> OtherWriterError
+            mine missing          -> register (metadata commit, which also retires
+                                     the predecessors); on a conflict reload and
+                                     check again
     write:  after each refresh: mine retired -> RetiredWriterError
 """
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +60,7 @@ __all__ = [
     "WRITER_PREFIX",
     "WriterEntry",
     "check_writers",
+    "handover_entries",
     "now_text",
     "promote_entries",
     "register_writer",
@@ -85,6 +90,9 @@ class WriterEntry:
     rebuild: str | None = None
     """The table the promoted rows came from (on the new writer's and the
     retired writers' entries)."""
+    savepoint_batch: int | None = None
+    """On a writer retired by its successor started from its savepoint: the
+    savepoint's batch (the successor writes the batches after it)."""
     promoted_batch: int | None = None
     """On the new writer's entry: the batch up to which the promote commit holds
     its rows (its app transaction on this table)."""
@@ -137,22 +145,35 @@ def table_writers(table: DeltaTable) -> dict[str, WriterEntry]:
 
 
 def check_writers(
-    table: DeltaTable, *, uri: str, me: WriterEntry, opening: bool
+    table: DeltaTable, *, uri: str, me: WriterEntry, opening: bool,
+    predecessors: Mapping[str, int] | None = None,
 ) -> WriterEntry | None:
     """Refuse when ``me`` may not write ``table`` (see the module's protocol);
     return ``me``'s registered entry (``None``: not registered yet).
 
     ``opening``: also refuse other active writers and an unfinished promote
-    (at open); otherwise only a retirement (before each commit)."""
+    (at open); otherwise only a retirement (before each commit).
+    ``predecessors`` (query id -> its savepoint's batch): the queries ``me``
+    continues from a savepoint; they are not refused but handed over
+    (:func:`register_writer` retires them), unless one committed a batch
+    after its savepoint (it kept running: its rows and ``me``'s would both
+    land)."""
+    predecessors = predecessors or {}
     entries = table_writers(table)
     mine = entries.get(me.query_id)
     if mine is not None and mine.retired:
+        how = (
+            f"by `microbatch promote`, which replaced the table's rows with the rebuild "
+            f"{mine.rebuild} and handed the table to query {mine.replaced_by}"
+            if mine.savepoint_batch is None else
+            f"by query {mine.replaced_by}, which continues this query from its savepoint at "
+            f"batch {mine.savepoint_batch} (`microbatch run --from-savepoint`) and writes "
+            "the batches after it"
+        )
         raise RetiredWriterError(
             f"Delta table {uri}: this query ({me.query_id}, checkpoint {me.checkpoint}) was "
-            f"retired as its writer at {mine.retired} by `microbatch promote`, which "
-            f"replaced the table's rows with the rebuild {mine.rebuild} and handed the "
-            f"table to query {mine.replaced_by}. Nothing was written. Run that query's "
-            "checkpoint against this table, or write this one to a new table path."
+            f"retired as its writer at {mine.retired} {how}. Nothing was written. Run that "
+            "query's checkpoint against this table, or write this one to a new table path."
         )
     if not opening:
         return mine
@@ -165,7 +186,20 @@ def check_writers(
                 f"the rebuild's rows (batches up to {mine.promoted_batch}). Nothing was "
                 "written. Re-run the same `microbatch promote` command: it finishes the swap."
             )
-    others = [e for q, e in entries.items() if q != me.query_id and not e.retired]
+    for query_id, batch in predecessors.items():
+        entry = entries.get(query_id)
+        done = table.transaction_version(query_id)
+        if entry is not None and not entry.retired and done is not None and done > batch:
+            raise OtherWriterError(
+                f"Delta table {uri}: {entry.describe()} committed batches "
+                f"up to {done} to it after its savepoint at batch {batch}, which this query "
+                f"({me.query_id}) continues from; both would write the batches after "
+                f"{batch}. Nothing was written. Stop that query, take a new savepoint "
+                "(`microbatch savepoint`) and start this job from it on a new checkpoint, "
+                "or write this query to a new table path."
+            )
+    others = [e for q, e in entries.items()
+              if q != me.query_id and not e.retired and q not in predecessors]
     if others and not me.allow_other_writers:
         listed = "; ".join(e.describe() for e in others)
         raise OtherWriterError(
@@ -181,25 +215,27 @@ def check_writers(
 
 
 def register_writer(
-    table: DeltaTable, *, uri: str, me: WriterEntry, reload: Any
+    table: DeltaTable, *, uri: str, me: WriterEntry, reload: Any,
+    predecessors: Mapping[str, int] | None = None,
 ) -> DeltaTable:
     """Check ``me`` against ``table``'s writers and register it when it is not;
     returns the table handle to use from here (reloaded after a conflict).
 
     ``reload()`` returns a fresh handle. A registration is a metadata commit:
     a concurrent registration makes it fail, and the reloaded table is checked
-    again (so of two queries starting at once, one is refused)."""
+    again (so of two queries starting at once, one is refused). The same
+    commit retires ``predecessors`` active on the table (:func:`handover_entries`)."""
     from deltalake.exceptions import CommitFailedError
 
     for _ in range(REGISTER_ATTEMPTS):
-        mine = check_writers(table, uri=uri, me=me, opening=True)
+        mine = check_writers(table, uri=uri, me=me, opening=True, predecessors=predecessors)
         if mine is not None:
             return table
         entry = replace(me, since=now_text())
+        props = handover_entries(table, new=entry, predecessors=predecessors or {})
+        props[entry.key] = entry.to_json()
         try:
-            table.alter.set_table_properties(
-                {entry.key: entry.to_json()}, raise_if_not_exists=False
-            )
+            table.alter.set_table_properties(props, raise_if_not_exists=False)
         except CommitFailedError:
             table = reload()
             continue
@@ -213,6 +249,20 @@ def register_writer(
         f"Delta table {uri}: registering query {me.query_id} as a writer conflicted "
         f"{REGISTER_ATTEMPTS} times with other commits; try again"
     )
+
+
+def handover_entries(
+    table: DeltaTable, *, new: WriterEntry, predecessors: Mapping[str, int]
+) -> dict[str, str]:
+    """The properties that retire ``predecessors`` (query id -> savepoint batch)
+    active on ``table`` in favour of ``new``, which continues them."""
+    props = {}
+    for query_id, entry in table_writers(table).items():
+        if query_id in predecessors and not entry.retired:
+            retired = replace(entry, retired=new.since or now_text(), replaced_by=new.query_id,
+                              savepoint_batch=predecessors[query_id])
+            props[retired.key] = retired.to_json()
+    return props
 
 
 def promote_entries(

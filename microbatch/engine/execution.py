@@ -133,6 +133,16 @@ class _Span:
         self.durations[self.name] = round(self.durations.get(self.name, 0.0) + elapsed, 3)
 
 
+def predecessors_of(metadata: dict[str, Any]) -> dict[str, int]:
+    """The query a checkpoint continues, from its metadata (``from_savepoint``:
+    the savepoint's query id and batch), as sinks take it
+    (:attr:`sinks.base.SinkContext.predecessors`)."""
+    origin = metadata.get("from_savepoint")
+    if not isinstance(origin, dict) or not isinstance(origin.get("query_id"), str):
+        return {}
+    return {origin["query_id"]: int(origin.get("batch_id", -1))}
+
+
 def _id_list(ids: list[int], limit: int = 10) -> str:
     """``[7, 8, 9]``, or the first ``limit`` ids and how many more."""
     shown = ", ".join(map(str, ids[:limit]))
@@ -189,6 +199,9 @@ class MicroBatchExecution:
         self.input_schemas: dict[str, pl.Schema] = {}
         self.read_ahead = ReadAhead(self.sources)
         self.query_id = ""
+        self.predecessors: dict[str, int] = {}
+        """Query id -> savepoint batch of the query this checkpoint continues
+        (``run --from-savepoint``): its tables are handed over to this one."""
         self.run_id = str(uuid.uuid4())
         self.next_batch_id = 0
         self.committed: dict[str, Offset] = {}
@@ -219,6 +232,7 @@ class MicroBatchExecution:
         self.checkpoint.lock()
         try:
             self.query_id = meta["query_id"]
+            self.predecessors = predecessors_of(meta)
             self.progress = ProgressStore(self.checkpoint.progress_dir, retain=self.retention)
             for sid, source in self.sources.items():
                 source.open(SourceContext(sid, self.checkpoint.source_dir(sid)))
@@ -246,6 +260,7 @@ class MicroBatchExecution:
             checkpoint_dir=self.checkpoint.root,
             key_columns=self.key_columns if keys is None else keys,
             fault_point=points,
+            predecessors=self.predecessors,
             role=side or "output",
         )
 
