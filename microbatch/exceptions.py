@@ -31,6 +31,7 @@ __all__ = [
     "MicrobatchError",
     "PlanError",
     "QueryTerminatedError",
+    "ReplayError",
     "SQLError",
     "SourceError",
     "StateBudgetExceededError",
@@ -147,6 +148,13 @@ class CheckpointLockedError(CheckpointError):
 
 class IncompatibleCheckpointError(CheckpointError):
     """The checkpoint was written by a job whose sources or operators differ."""
+
+
+class ReplayError(CheckpointError):
+    """A replay (``microbatch replay``) cannot run as asked: the old checkpoint no
+    longer holds the batches, the job reads other sources than the ones it
+    recorded, or the new checkpoint is not a fresh one nor an interrupted replay
+    of the same batches. The message says what differs and how to fix it."""
 
 
 class JobError(MicrobatchError):

@@ -1,5 +1,5 @@
 """The ``microbatch`` command line: ``run``, ``sql``, ``status``, ``report``, ``demo``,
-``backfill``, ``diff`` and ``lateness``; each command lives in a module of this
+``backfill``, ``replay``, ``diff`` and ``lateness``; each command lives in a module of this
 package (``queries``, ``inspect``, ``tables``) and registers on the one app.
 
 Exit codes:
@@ -34,9 +34,9 @@ from microbatch.cli.common import JobCommand, app
 __all__ = ["app", "main"]
 
 for command in (queries.run, sql_command.sql, inspect.status, inspect.report, queries.demo,
-                queries.backfill, tables.diff, tables.lateness):
+                queries.backfill, queries.replay, tables.diff, tables.lateness):
     # in the order of `microbatch --help`; a command taking a job lists its parameters
-    job_command = command in (queries.run, queries.backfill)
+    job_command = command in (queries.run, queries.backfill, queries.replay)
     app.command(cls=JobCommand if job_command else None)(command)
 
 
