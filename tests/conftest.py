@@ -28,6 +28,8 @@ GROUPS = {
     "tests/kafka/test_broker_faults.py": "kafka-faults",
     # a module fixture: the reference output of every determinism query
     "tests/engine/test_determinism.py": "determinism",
+    # a module fixture: the live run and the replay every test compares
+    "tests/cli/test_replay.py": "replay",
 }
 """Node id prefix (from the repository root) -> the group whose tests share a worker."""
 
