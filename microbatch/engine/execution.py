@@ -60,7 +60,7 @@ from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner
 from microbatch.engine.faults import fault_point, side_fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
-from microbatch.engine.replay import RecordedBatches, ReplayLoop
+from microbatch.engine.replay import RecordedBatches, ReplayLoop, refuse_unfinished
 from microbatch.engine.state_budget import StateBudget
 from microbatch.engine.trigger_loops import loop_for
 from microbatch.engine.watermark import PARTITION_COLUMN, closes_state, event_time_reach_ms
@@ -240,6 +240,8 @@ class MicroBatchExecution:
                 if side is not None:
                     side.open(self._sink_context(mode="append", keys=(), side=name))
             self.recover()
+            if self.replay is None:
+                refuse_unfinished(meta, self.next_batch_id, self.checkpoint.root)
             self.executor.open(self.checkpoint.root / "state", self.next_batch_id)
         except BaseException:
             self.close()

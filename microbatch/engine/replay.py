@@ -44,7 +44,12 @@ from microbatch.engine.trigger_loops import BatchRunner
 from microbatch.exceptions import ReplayError
 
 __all__ = [
-    "RecordedBatches", "ReplayLoop", "parse_batches", "prepare_replay", "replay_of",
+    "RecordedBatches",
+    "ReplayLoop",
+    "parse_batches",
+    "prepare_replay",
+    "refuse_unfinished",
+    "replay_of",
     "start_checkpoint",
 ]
 
@@ -240,6 +245,24 @@ def replay_of(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     stored = read_json_object(chk.metadata_path, "metadata").get("replay_of")
     return stored if isinstance(stored, dict) else None
+
+
+def refuse_unfinished(meta: Mapping[str, Any], next_batch_id: int, root: Path) -> None:
+    """Refuse to run a replay checkpoint live before its replay ended: the batches
+    it has not replayed yet would be cut anew, by arrival, and differ from the
+    record. (A finished replay is an ordinary checkpoint.)"""
+    stored = meta.get("replay_of")
+    if not isinstance(stored, dict):
+        return
+    last = stored.get("batches", [0, -1])[1]
+    if next_batch_id <= last:
+        raise ReplayError(
+            f"checkpoint {root} holds a replay of {stored.get('checkpoint')} batches "
+            f"{_range(stored.get('batches'))} that stopped before batch {next_batch_id} "
+            "ended; running it live now would cut the remaining batches anew. Finish it "
+            f"first: microbatch replay JOB --from {stored.get('checkpoint')} --checkpoint "
+            f"{root} (the same command that started it)."
+        )
 
 
 def _copy_tree(src: Path, dst: Path) -> None:

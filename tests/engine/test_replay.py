@@ -78,7 +78,7 @@ events = st.lists(
 ).with_columns(pl.col("ts").cast(pl.Datetime("ms", "UTC"))))
 
 
-@settings(max_examples=12, deadline=None,
+@settings(max_examples=10, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=events, cap=st.integers(1, 6), replay_cap=st.none() | st.integers(1, 9),
        data=st.data())
@@ -123,3 +123,27 @@ def test_a_purged_batch_0_is_refused_naming_retention(tmp_path: Path) -> None:
     with pytest.raises(ReplayError, match=r"no longer holds batch 0.*`retention`"):
         collect(alerts(rows, 1))[1].replay(tmp_path / "old", tmp_path / "new")
     assert not (tmp_path / "new").exists()
+
+
+def test_an_interrupted_replay_is_resumed_by_replay_and_refused_by_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = pl.DataFrame({"card": [1, 2, 1, 2, 1, 1], "ts": [0, 5, 70, 75, 150, 20],
+                         "amount": list(range(6))}).with_columns(
+        (pl.col("ts") * 1000).cast(pl.Datetime("ms", "UTC")))
+    live, writer = collect(alerts(rows, 1))
+    assert writer.start(tmp_path / "old", trigger="available-now").await_termination(30)
+    got, again = collect(alerts(rows, None))
+    monkeypatch.setenv("MICROBATCH_FAULT", "after_commit@2")
+    monkeypatch.setenv("MICROBATCH_FAULT_ACTION", "raise")
+    with pytest.raises(mb.QueryTerminatedError):
+        again.replay(tmp_path / "old", tmp_path / "new").await_termination(30)
+    monkeypatch.delenv("MICROBATCH_FAULT")
+
+    with pytest.raises(ReplayError, match=r"stopped before batch 3 .*Finish it first"):
+        again.start(tmp_path / "new", trigger="available-now")
+    assert again.replay(tmp_path / "old", tmp_path / "new").await_termination(30)
+    assert again.start(tmp_path / "new", trigger="available-now").await_termination(30)
+
+    assert got.keys() == live.keys()
+    assert all(got[b].equals(live[b]) for b in live)
