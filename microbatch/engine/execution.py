@@ -504,7 +504,16 @@ class MicroBatchExecution:
         self, batch: PlannedBatch, *, capped: bool, bounds: dict[str, Offset] | None
     ) -> None:
         """With a backlog, read what the next batch will most likely be, in the
-        background, while this batch is in its sink (see :mod:`read_ahead`)."""
+        background, while this batch is in its sink (see :mod:`read_ahead`); a
+        replay reads its next recorded batch."""
+        if self.replay is not None:
+            # NOTE: a replay knows its next batch exactly: the next recorded entry
+            upcoming = self.replay.entry(batch.batch_id + 1)
+            if upcoming is not None and any(
+                self.sources[sid].compare(e, s) > 0 for sid, (s, e) in upcoming.sources.items()
+            ):
+                self.read_ahead.start(dict(upcoming.sources))
+            return
         backlog = self.loop.drains_backlog or self.falling_behind
         if not backlog or not capped:
             return

@@ -78,7 +78,7 @@ events = st.lists(
 ).with_columns(pl.col("ts").cast(pl.Datetime("ms", "UTC"))))
 
 
-@settings(max_examples=10, deadline=None,
+@settings(max_examples=6, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=events, cap=st.integers(1, 6), replay_cap=st.none() | st.integers(1, 9),
        data=st.data())
