@@ -221,13 +221,7 @@ def start_checkpoint(recorded: RecordedBatches, new: Checkpoint) -> None:
     """
     if new.exists():
         return
-    for log in ("offsets", "commits"):
-        directory = new.root / log
-        if directory.is_dir() and any(n.isdigit() for n in os.listdir(directory)):
-            raise ReplayError(
-                f"{directory} has entries but {new.root} has no metadata: it is not a fresh "
-                "directory; name a new one for the replay"
-            )
+    new.refuse_logs_without_metadata()
     for sid in sorted(dict(recorded.entries[recorded.last].identity).get("sources", {})):
         _copy_tree(recorded.old_root / "sources" / sid, new.root / "sources" / sid)
     make_dirs(new.root)

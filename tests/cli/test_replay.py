@@ -33,7 +33,7 @@ from microbatch.cli.jobfile import build_writer
 from microbatch.exceptions import ReplayError
 from microbatch.tools.diff import diff_frames
 from tests.input_files import write_parquet_files
-from tests.oracles import tumbling_or_hopping
+from tests.oracles import cut_into_batches
 
 pytestmark = [pytest.mark.delta]
 
@@ -85,24 +85,16 @@ def frames(files: list[list[tuple[int, int]]], first: int = 0) -> list[pl.DataFr
 
 
 def oracle(files: list[pl.DataFrame], cuts: list[int]) -> pl.DataFrame:
-    """The append output of a run whose batches are the files cut after each index
-    of ``cuts`` (the ends of the batches): lateness by the watermark of the earlier
-    batches, windows closed by the final watermark; a one-shot Polars computation."""
+    """The append output of a run whose batches are the files cut before each
+    index of ``cuts`` (a one-shot computation)."""
     batch_of = [sum(i >= c for c in cuts) for i in range(len(files))]
     rows = pl.concat([f.with_columns(pl.lit(b).alias("batch"))
                       for f, b in zip(files, batch_of, strict=True)])
-    t = pl.col("ts").dt.epoch("ms")
-    newest = rows.group_by("batch").agg(t.max().alias("newest")).sort("batch")
-    marks = newest.with_columns((pl.col("newest").cum_max().shift(1) - DELAY_MS).alias("wm"))
-    rows = rows.join(marks.select("batch", "wm"), on="batch").with_columns(
-        (t // MINUTE_MS * MINUTE_MS + MINUTE_MS).alias("we"))
-    kept = rows.filter(pl.col("wm").is_null() | (pl.col("we") > pl.col("wm")))
-    final_wm = rows.select(t.max()).item() - DELAY_MS
-    found = tumbling_or_hopping(
-        kept, time="ts", keys=["card"], size_ms=MINUTE_MS, slide_ms=MINUTE_MS,
+    found = cut_into_batches(
+        rows, batch=pl.col("batch"), time="ts", keys=["card"], size_ms=MINUTE_MS,
+        delay_ms=DELAY_MS,
         aggs=[pl.len().cast(pl.UInt32).alias("n"), pl.col("amount").sum().alias("total")])
-    return found.filter(pl.col("we") <= final_wm).select("ws", "we", "card", "n", "total") \
-        .sort("ws", "card")
+    return found.select("ws", "we", "card", "n", "total").sort("ws", "card")
 
 
 def table(path: Path) -> pl.DataFrame:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import microbatch as mb
 from microbatch.checkpoint import Checkpoint
 from microbatch.exceptions import ReplayError
-from tests.oracles import tumbling_or_hopping
+from tests.oracles import cut_into_batches
 
 DELAY_MS, MINUTE_MS = 5_000, 60_000
 SCHEMA = {"card": pl.Int64, "ts": pl.Datetime("ms", "UTC"), "amount": pl.Int64}
@@ -42,22 +42,12 @@ def collect(stream: mb.Stream) -> tuple[dict[int, pl.DataFrame], mb.DataStreamWr
 
 
 def oracle(rows: pl.DataFrame, cap: int) -> pl.DataFrame:
-    """What a run cut every ``cap`` rows emits in all (a one-shot computation):
-    rows late by the watermark of the earlier batches dropped, windows closed by
-    the final watermark."""
-    t = pl.col("ts").dt.epoch("ms")
-    cut = rows.with_columns((pl.int_range(pl.len()) // cap).alias("batch"))
-    marks = (cut.group_by("batch").agg(t.max().alias("newest")).sort("batch")
-             .with_columns((pl.col("newest").cum_max().shift(1) - DELAY_MS).alias("wm")))
-    cut = cut.join(marks.select("batch", "wm"), on="batch").with_columns(
-        (t // MINUTE_MS * MINUTE_MS + MINUTE_MS).alias("we"))
-    kept = cut.filter(pl.col("wm").is_null() | (pl.col("we") > pl.col("wm")))
-    final = cut.select(t.max()).item() - DELAY_MS
-    found = tumbling_or_hopping(
-        kept, time="ts", keys=["card"], size_ms=MINUTE_MS, slide_ms=MINUTE_MS,
+    """What a run cut every ``cap`` rows emits in all (a one-shot computation)."""
+    found = cut_into_batches(
+        rows, batch=pl.int_range(pl.len()) // cap, time="ts", keys=["card"],
+        size_ms=MINUTE_MS, delay_ms=DELAY_MS,
         aggs=[pl.len().cast(pl.UInt32).alias("n"), pl.col("amount").sum().alias("total")])
-    return found.filter(pl.col("we") <= final).select("ws", "card", "n", "total").sort(
-        "ws", "card")
+    return found.select("ws", "card", "n", "total").sort("ws", "card")
 
 
 def flat(batches: dict[int, pl.DataFrame]) -> pl.DataFrame:
