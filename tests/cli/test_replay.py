@@ -8,6 +8,8 @@ module fixture):
   comparison of ``microbatch diff``, frame equality) and the same offsets
   entries, while a backfill with that cap
   writes another one (the late row counts there): why replay exists;
+- ``--batches 2..3`` writes batch 2's windows, counted from the rows of the
+  warm-up batches 0 and 1 (whose sink writes are skipped);
 - after the replay, ``run`` on the replay's checkpoint continues live beside
   the old job, and both end with the same table;
 - the refusals: other sources, an existing non-replay checkpoint, the old
@@ -209,6 +211,20 @@ def test_after_a_replay_run_on_its_checkpoint_continues_live_like_the_old_job(
     assert_frame_equal(table(live.root / "live"), want, check_dtypes=False)
     assert_frame_equal(table(live.root / "replay"), table(live.root / "live"))
     assert table(live.root / "replay").height > oracle(live.inputs, cuts=[1, 2, 3]).height
+
+
+def test_batches_a_to_b_warm_the_state_up_on_the_batches_before_a(live: Setup) -> None:
+    part = live.replay("part-chk", "part", "--batches", "2..3")
+
+    assert part.returncode == 0, part.stderr
+    lines = part.stderr.splitlines()
+    warm = [line for line in lines if "[warm-up: state only, sink skipped]" in line]
+    assert [line.split(":")[0] for line in warm] == ["replay batch 0/3", "replay batch 1/3"]
+    assert any("batches 0..1 warm the state up first" in line for line in lines)
+    # batch 2 emits the minute the watermark closed, counted from batch 0's rows
+    assert_frame_equal(table(live.root / "part"), oracle(live.inputs, cuts=[1, 2, 3]),
+                       check_dtypes=False)
+    assert sorted(os.listdir(live.root / "part-chk" / "commits")) == ["0", "1", "2", "3"]
 
 
 def test_a_refusal_at_the_cli_is_one_paragraph_with_exit_2(live: Setup) -> None:
