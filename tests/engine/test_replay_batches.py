@@ -137,3 +137,21 @@ def test_an_interrupted_replay_is_resumed_by_replay_and_refused_by_start(
 
     assert got.keys() == live.keys()
     assert all(got[b].equals(live[b]) for b in live)
+
+
+def test_the_flush_batch_is_replayed_as_recorded_and_no_other_is_added(tmp_path: Path) -> None:
+    rows = pl.DataFrame({"card": [1, 2, 1, 1], "ts": [0, 5, 70, 20],
+                         "amount": list(range(4))}).with_columns(
+        (pl.col("ts") * 1000).cast(pl.Datetime("ms", "UTC")))
+    live, writer = collect(alerts(rows, 1))
+    assert writer.start(tmp_path / "old", trigger="available-now",
+                        flush_at_end=True).await_termination(30)
+    got, again = collect(alerts(rows, None))
+
+    assert again.replay(tmp_path / "old", tmp_path / "new").await_termination(30)
+
+    last = Checkpoint(tmp_path / "old").commits.batch_ids()[-1]
+    assert max(live) == last  # the flush batch emitted the minute [60, 120)
+    assert got.keys() == live.keys()
+    assert all(got[b].equals(live[b]) for b in live)
+    assert Checkpoint(tmp_path / "new").commits.batch_ids()[-1] == last
