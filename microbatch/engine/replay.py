@@ -217,7 +217,9 @@ def start_checkpoint(recorded: RecordedBatches, new: Checkpoint) -> None:
 
     NOTE: the sources' state is copied before the metadata is written: the
     metadata is the commit point, a crash before it leaves a directory the
-    next attempt copies into again.
+    next attempt copies into again. It is copied after the recorded entries
+    were read: a source makes its state durable before the engine writes an
+    offsets entry naming it (the file ledger), so the copy covers every range.
     """
     if new.exists():
         return
