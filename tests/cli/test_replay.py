@@ -28,11 +28,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
+from rich.console import Console
 
 import microbatch as mb
 from microbatch.checkpoint import Checkpoint
 from microbatch.cli.jobfile import build_writer
 from microbatch.exceptions import ReplayError
+from microbatch.observability.status import status_document
+from microbatch.observability.status_view import render_status
 from microbatch.tools.diff import diff_frames
 from tests.input_files import write_parquet_files
 from tests.oracles import cut_into_batches
@@ -182,6 +185,12 @@ def test_a_replay_with_another_cap_writes_the_live_table_and_a_backfill_does_not
     assert '"replay_of":{"batches":[0,3]' in meta
     assert str(live.root / "live-chk") in meta
     assert sorted(os.listdir(live.root / "replay-chk" / "commits")) == ["0", "1", "2", "3"]
+    shown = status_document(live.root / "replay-chk")
+    assert shown["replay_of"]["checkpoint"] == str(live.root / "live-chk")
+    view = Console(width=400, record=True)
+    view.print(render_status(shown))
+    shown_text = " ".join(view.export_text().split())
+    assert f"replay of {live.root / 'live-chk'} batches 0..3" in shown_text
     old, new = (Checkpoint(live.root / c) for c in ("live-chk", "replay-chk"))
     for n in range(4):
         was, now = old.offsets.get(n), new.offsets.get(n)
