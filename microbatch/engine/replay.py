@@ -223,15 +223,21 @@ def start_checkpoint(recorded: RecordedBatches, new: Checkpoint) -> None:
     """
     if new.exists():
         return
-    new.refuse_logs_without_metadata()
-    for sid in sorted(dict(recorded.entries[recorded.last].identity).get("sources", {})):
-        _copy_tree(recorded.old_root / "sources" / sid, new.root / "sources" / sid)
     make_dirs(new.root)
-    write_json_atomic(new.metadata_path, "metadata", {
-        "query_id": str(uuid.uuid4()),
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "replay_of": recorded.describe(),
-    })
+    new.lock()  # NOTE: two replays starting at once must not write two query ids
+    try:
+        if new.exists():
+            return
+        new.refuse_logs_without_metadata()
+        for sid in sorted(dict(recorded.entries[recorded.last].identity).get("sources", {})):
+            _copy_tree(recorded.old_root / "sources" / sid, new.root / "sources" / sid)
+        write_json_atomic(new.metadata_path, "metadata", {
+            "query_id": str(uuid.uuid4()),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "replay_of": recorded.describe(),
+        })
+    finally:
+        new.unlock()
 
 
 def replay_of(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
