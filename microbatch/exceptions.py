@@ -32,6 +32,7 @@ __all__ = [
     "PlanError",
     "PromoteError",
     "QueryTerminatedError",
+    "ReplayError",
     "SQLError",
     "SavepointError",
     "SourceError",
@@ -161,6 +162,13 @@ class StateReadError(CheckpointError):
 class SavepointError(CheckpointError):
     """A savepoint cannot be written, or a job cannot start from it: the message
     names every incompatibility between the savepoint's state and the new job."""
+
+
+class ReplayError(CheckpointError):
+    """A replay (``microbatch replay``) cannot run as asked: the old checkpoint no
+    longer holds the batches, the job reads other sources than the ones it
+    recorded, or the new checkpoint is not a fresh one nor an interrupted replay
+    of the same batches. The message says what differs and how to fix it."""
 
 
 class JobError(MicrobatchError):

@@ -32,6 +32,8 @@ GROUPS = {
     "tests/delta/test_restate_caps.py": "restate-caps",
     # a module fixture: the rebuild, promote and handover workflow
     "tests/delta/test_promote.py": "promote",
+    # a module fixture: the live run and the replay every test compares
+    "tests/cli/test_replay.py": "replay",
 }
 """Node id prefix (from the repository root) -> the group whose tests share a worker."""
 

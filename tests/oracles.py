@@ -86,3 +86,30 @@ def sessions(
         .agg(pl.col("__t").min().alias("ws"), (pl.col("__t").max() + gap_ms).alias("we"), *aggs)
         .drop("__sid")
     )
+
+
+def cut_into_batches(
+    rows: pl.DataFrame,
+    *,
+    batch: pl.Expr,
+    time: str,
+    keys: list[str],
+    size_ms: int,
+    delay_ms: int,
+    aggs: list[pl.Expr],
+) -> pl.DataFrame:
+    """The append output of a tumbling-window run whose batch of each row is
+    ``batch``: a row is late (dropped) when its window ends at or before the
+    watermark of the earlier batches (their newest event time minus
+    ``delay_ms``); the windows the final watermark closed; ``ws``/``we`` in ms."""
+    t = pl.col(time).dt.epoch("ms")
+    cut = rows.with_columns(batch.alias("__batch"))
+    marks = (cut.group_by("__batch").agg(t.max().alias("__newest")).sort("__batch")
+             .with_columns((pl.col("__newest").cum_max().shift(1) - delay_ms).alias("__wm")))
+    cut = cut.join(marks.select("__batch", "__wm"), on="__batch").with_columns(
+        (t // size_ms * size_ms + size_ms).alias("__we"))
+    kept = cut.filter(pl.col("__wm").is_null() | (pl.col("__we") > pl.col("__wm")))
+    final = cut.select(t.max()).item() - delay_ms
+    found = tumbling_or_hopping(kept.drop("__batch", "__wm", "__we"), time=time, keys=keys,
+                                size_ms=size_ms, slide_ms=size_ms, aggs=aggs)
+    return found.filter(pl.col("we") <= final)

@@ -14,6 +14,7 @@ from microbatch.checkpoint import Checkpoint
 from microbatch.engine.durability import DURABILITY_LEVELS, Durability
 from microbatch.engine.execution import MicroBatchExecution
 from microbatch.engine.executors import Executor
+from microbatch.engine.replay import RecordedBatches, prepare_replay, start_checkpoint
 from microbatch.engine.state_budget import StateBudget
 from microbatch.exceptions import PlanError, TriggerError
 from microbatch.observability.latency import LatencyProbe, latency_columns
@@ -24,7 +25,7 @@ from microbatch.plan.nodes import (
     WatermarkNode,
     is_aggregated,
 )
-from microbatch.plan.triggers import ProcessingTime, Trigger, parse_trigger
+from microbatch.plan.triggers import AvailableNow, ProcessingTime, Trigger, parse_trigger
 from microbatch.types import OutputMode
 from sinks.base import Sink
 
@@ -233,8 +234,95 @@ class DataStreamWriter:
             if checkpoint is not None
             else Path(tempfile.mkdtemp(prefix="microbatch-chk-"))
         )
-        chk = Checkpoint(root)
-        execution = MicroBatchExecution(
+        execution = self._execution(
+            Checkpoint(root), spec, retention=retention, name=name, durability=durability,
+            executor=executor, state_budget=budget, flush_at_end=flush_at_end,
+            hold_watermark=hold_watermark,
+        )
+        return StreamingQuery(execution, name=name)._start(
+            metrics_port=metrics_port, metrics_host=metrics_host
+        )
+
+    def replay(
+        self,
+        from_checkpoint: str | os.PathLike[str],
+        checkpoint: str | os.PathLike[str],
+        *,
+        batches: str | tuple[int, int] | None = None,
+        name: str | None = None,
+        retention: int = 100,
+        durability: Durability = "fsync",
+        executor: Executor | None = None,
+    ) -> StreamingQuery:
+        """Run this job's code over exactly the batches ``from_checkpoint`` recorded
+        (their ranges, watermarks, timestamps and batch ids) into this writer's
+        sink, on the new checkpoint ``checkpoint``; the query stops after the last.
+
+        The same code writes the same rows as the recorded run (bit for bit, with
+        the same sink); new code writes the change's effect on those batches. Only
+        batches the old run committed are replayed, and no flush batch is added
+        (the old run's flush batch, if any, is one of the recorded ones). Calling
+        it again on the same ``checkpoint`` resumes an interrupted replay; once it
+        finished, ``start(checkpoint)`` continues live from the last replayed ends.
+
+        Parameters
+        ----------
+        from_checkpoint
+            The checkpoint of the run to replay; only read (its job may go on
+            running), so its offsets log must still hold batch 0 (``retention``).
+        checkpoint
+            A new directory (or this replay's own, to resume it). Its metadata
+            records ``replay_of``: the old checkpoint, its query id, the range.
+        batches
+            ``"A..B"`` or ``(A, B)``, both included: write only batches A to B.
+            Batches 0 to A-1 still run first, with their sink writes skipped, to
+            rebuild the state batch A starts from (a warm-up). ``None``: every
+            committed batch.
+        name, retention, durability, executor
+            As for :meth:`start`.
+
+        Raises
+        ------
+        ReplayError
+            When the old checkpoint lacks a batch of the range (never committed,
+            or purged), the job reads other sources than the ones recorded, or
+            ``checkpoint`` holds something else than this replay.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> old, new = tempfile.mkdtemp(), tempfile.mkdtemp()
+        >>> stream = mb.generate(
+        ...     rows_per_second=None, total_rows=300, start="2026-01-01T00:00:00+00:00",
+        ...     seed=3, max_records_per_batch=100,
+        ... )
+        >>> live = stream.write_memory("doc_replay_live").start(old, trigger="available-now")
+        >>> live.await_termination()
+        True
+        >>> again = stream.write_memory("doc_replay_new").replay(old, new)
+        >>> again.await_termination()
+        True
+        >>> mb.table("doc_replay_new").equals(mb.table("doc_replay_live"))
+        True
+        """
+        if retention < 1:
+            raise PlanError(f"retention must be at least 1 batch, got {retention}")
+        recorded = prepare_replay(from_checkpoint, checkpoint, batches)
+        chk = Checkpoint(checkpoint)
+        execution = self._execution(chk, AvailableNow(), retention=retention, name=name,
+                                    durability=durability, executor=executor,
+                                    replay=recorded)
+        recorded.check_identity(execution.identity())
+        start_checkpoint(recorded, chk)
+        return StreamingQuery(execution, name=name)._start()
+
+    def _execution(
+        self, chk: Checkpoint, spec: Trigger, *, retention: int, name: str | None,
+        durability: Durability, executor: Executor | None,
+        state_budget: StateBudget | None = None, flush_at_end: bool = False,
+        hold_watermark: bool = False, replay: RecordedBatches | None = None,
+    ) -> MicroBatchExecution:
+        return MicroBatchExecution(
             plan=self.plan,
             sink=LatencyProbe(self.sink, latency_columns(self.plan)),
             output_mode=self.output_mode,
@@ -247,12 +335,10 @@ class DataStreamWriter:
             name=name,
             durability=durability,
             executor=executor,
-            state_budget=budget,
+            state_budget=state_budget,
             flush_at_end=flush_at_end,
             hold_watermark=hold_watermark,
-        )
-        return StreamingQuery(execution, name=name)._start(
-            metrics_port=metrics_port, metrics_host=metrics_host
+            replay=replay,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -77,13 +77,13 @@ class Checkpoint:
                 "Choose a writable directory with --checkpoint."
             ) from exc
         if not self.metadata_path.exists():
-            self._refuse_logs_without_metadata()
+            self.refuse_logs_without_metadata()
             meta = {"query_id": str(uuid.uuid4()),
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             write_json_atomic(self.metadata_path, "metadata", meta)
         return read_json_object(self.metadata_path, "metadata")
 
-    def _refuse_logs_without_metadata(self) -> None:
+    def refuse_logs_without_metadata(self) -> None:
         """A fresh query id over existing logs would break the sinks' idempotency
         (it is their transaction id): a lost metadata file is an error."""
         for log in ("offsets", "commits"):

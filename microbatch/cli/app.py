@@ -1,7 +1,7 @@
 """The ``microbatch`` command line: ``run``, ``sql``, ``status``, ``report``, ``demo``,
-``backfill``, ``diff``, ``lateness``, ``promote``, ``state`` and ``savepoint``; each
-command lives in a module of this package (``queries``, ``inspect``, ``tables``,
-``promote``, ``state``) and registers on the one app.
+``backfill``, ``replay``, ``diff``, ``lateness``, ``promote``, ``state`` and
+``savepoint``; each command lives in a module of this package (``queries``,
+``inspect``, ``tables``, ``promote``, ``state``) and registers on the one app.
 
 Exit codes:
 
@@ -36,10 +36,10 @@ from microbatch.cli.common import JobCommand, app
 __all__ = ["app", "main"]
 
 for command in (queries.run, sql_command.sql, inspect.status, inspect.report, queries.demo,
-                queries.backfill, tables.diff, tables.lateness, promote.promote,
-                state_command.state, state_command.savepoint):
+                queries.backfill, queries.replay, tables.diff, tables.lateness,
+                promote.promote, state_command.state, state_command.savepoint):
     # in the order of `microbatch --help`; a command taking a job lists its parameters
-    job_command = command in (queries.run, queries.backfill)
+    job_command = command in (queries.run, queries.backfill, queries.replay)
     app.command(cls=JobCommand if job_command else None)(command)
 
 

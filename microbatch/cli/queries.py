@@ -1,4 +1,4 @@
-"""The commands that run a query: ``run``, ``demo`` and ``backfill``, with the
+"""The commands that run a query: ``run``, ``demo``, ``backfill`` and ``replay``, with the
 signal handling (a first SIGINT/SIGTERM finishes the batch in flight) and the
 live display they share."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -32,6 +33,7 @@ from microbatch.cli.display import (
 from microbatch.engine.durability import Durability
 from microbatch.engine.executors import Executor
 from microbatch.exceptions import USER_ERRORS, QueryTerminatedError
+from microbatch.observability.progress_schema import ProgressRecord
 from microbatch.plan.triggers import Trigger, parse_trigger
 
 POLL_S = 0.2
@@ -147,9 +149,19 @@ def _run_query(
                          metrics_host=metrics_host, durability=durability,
                          executor=executor, state_memory_budget=state_memory_budget,
                          flush_at_end=flush_at_end, hold_watermark=hold_watermark)
-    stopper.attach(query)
     if query.metrics_url:
         display.note(f"serving Prometheus metrics on {query.metrics_url}")
+    stats, error = _follow(query, stopper, display, baseline, seconds=seconds)
+    return query, stats, error
+
+
+def _follow(
+    query: StreamingQuery, stopper: StopOnSignal, display: BatchLines | LiveLine,
+    baseline: int, *, seconds: float = 0,
+) -> tuple[RunStats, QueryTerminatedError | None]:
+    """Show ``query``'s batches after ``baseline`` until it ends (``seconds``: then
+    stop it); the error of a query that failed while running, if any."""
+    stopper.attach(query)
     stats = RunStats()
     seen = baseline
     error: QueryTerminatedError | None = None
@@ -175,7 +187,7 @@ def _run_query(
             display.refresh(stats, query)
             if done:
                 break
-    return query, stats, error
+    return stats, error
 
 
 def _query_failed(query: StreamingQuery, exc: QueryTerminatedError, job: Path) -> typer.Exit:
@@ -476,6 +488,88 @@ def backfill(
         raise fail(f"cannot start the backfill: {exc}", 2) from None
     except BaseException as exc:
         raise _native_panic(exc, "backfill") from None
+    if error is not None:
+        raise _query_failed(query, error, job)
+    _finish(query, stats, stopper)
+
+
+# ------------------------------------------------------------------ replay
+
+
+class ReplayLines(BatchLines):
+    """One plain line per replayed batch on stderr, the warm-up ones marked."""
+
+    def __init__(self, first: int, last: int) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+
+    def batch(self, record: ProgressRecord, stats: RunStats) -> None:
+        batch_id = record["batch_id"]
+        warm = " [warm-up: state only, sink skipped]" if batch_id < self.first else ""
+        recovered = " [recovered]" if record["recovered"] else ""
+        sys.stderr.write(
+            f"replay batch {batch_id}/{self.last}: {record['input_rows']:,} rows in, "
+            f"{record['output_rows']:,} rows out{warm}{recovered}\n"
+        )
+        sys.stderr.flush()
+
+
+def replay(
+    job: Annotated[Path, typer.Argument(help="The job file: a .py defining build(params).",
+                                        metavar="JOB.py", show_default=False)],
+    *,
+    from_checkpoint: Annotated[Path, typer.Option("--from", help=(
+        "The checkpoint of the run to replay (only read: its job may keep running)."),
+        metavar="CHECKPOINT", show_default=False)],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help=(
+        "The replay's own checkpoint: a new directory, or this replay's to resume it. "
+        "Afterwards `run --checkpoint` on it continues live."),
+        metavar="NEW", show_default=False)],
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", "-p", metavar="KEY=VALUE",
+        help="A parameter of the job (name the replay's new outputs here; the sources "
+             "must be the recorded ones); repeatable.")] = None,
+    batches: Annotated[str | None, typer.Option(
+        "--batches", metavar="A..B", help=(
+            "Write only batches A to B (both included). Batches 0..A-1 run first with "
+            "their sink writes skipped, to rebuild the state (warm-up). Default: every "
+            "batch the old run committed."))] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME",
+                                                help="A name for the query (logs, progress).")]
+    = None,
+) -> None:
+    """Run JOB's (possibly new) code over exactly the batches CHECKPOINT recorded.
+
+    Each batch of the old run's offset log is run again with its recorded ranges,
+    watermark, processing time and batch id (no planning, no batch cap), into the
+    outputs the --param values name, then the command exits. The same code writes
+    the same rows (check with `microbatch diff`); new code writes the change's
+    effect. Re-running the same command resumes an interrupted replay.
+    """
+    from microbatch.cli.jobfile import build_writer
+    from microbatch.engine.replay import parse_batches, prepare_replay
+
+    try:
+        with StopOnSignal() as stopper:
+            params = parse_params(param or [])
+            writer = build_writer(job, params, note=_note)
+            preflight.check(writer)
+            recorded = prepare_replay(from_checkpoint, checkpoint, parse_batches(batches))
+            display = ReplayLines(recorded.first, recorded.last)
+            if recorded.first > 0:
+                display.note(f"replaying batches {recorded.first}..{recorded.last} of "
+                             f"{recorded.old_root}; batches 0..{recorded.first - 1} warm "
+                             "the state up first (their sink writes are skipped)")
+            baseline = _latest_progress_id(checkpoint)
+            query = writer.replay(from_checkpoint, checkpoint,
+                                  batches=(recorded.first, recorded.last), name=name)
+            stats, error = _follow(query, stopper, display, baseline)
+    except USER_ERRORS as exc:
+        raise fail(str(exc), getattr(exc, "code", 2)) from None
+    except OSError as exc:
+        raise fail(f"cannot start the replay: {exc}", 2) from None
+    except BaseException as exc:
+        raise _native_panic(exc, "replay") from None
     if error is not None:
         raise _query_failed(query, error, job)
     _finish(query, stats, stopper)

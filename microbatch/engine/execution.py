@@ -36,6 +36,10 @@ Recovery (:meth:`MicroBatchExecution.recover`)::
 
 Everything a batch does is a function of (offsets/N, code), so the re-run
 produces the same rows.
+
+A replay (:mod:`microbatch.engine.replay`) takes step 1's batch from an old
+checkpoint's record instead of the sources (:meth:`next_batch`), and skips
+step 5 for the warm-up batches before its range.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner
 from microbatch.engine.faults import fault_point, side_fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
+from microbatch.engine.replay import RecordedBatches, ReplayLoop, refuse_unfinished
 from microbatch.engine.state_budget import StateBudget
 from microbatch.engine.trigger_loops import loop_for
 from microbatch.engine.watermark import PARTITION_COLUMN, closes_state, event_time_reach_ms
@@ -95,6 +100,17 @@ class PlannedBatch:
             timestamp_ms=entry.timestamp_ms,
             watermark_ms=entry.watermark_ms,
             recovered=True,
+        )
+
+    @classmethod
+    def recorded_in(cls, entry: OffsetEntry) -> PlannedBatch:
+        """The batch another checkpoint's ``entry`` fixed, to be written ahead and
+        run again exactly as recorded (a replay)."""
+        return cls(
+            batch_id=entry.batch_id,
+            ranges=dict(entry.sources),
+            timestamp_ms=entry.timestamp_ms,
+            watermark_ms=entry.watermark_ms,
         )
 
 
@@ -171,8 +187,11 @@ class MicroBatchExecution:
         state_budget: StateBudget | None = None,
         flush_at_end: bool = False,
         hold_watermark: bool = False,
+        replay: RecordedBatches | None = None,
     ) -> None:
         self.plan = plan
+        self.replay = replay
+        """The old checkpoint's batches this run replays (``None``: plan from the sources)."""
         # NOTE: a held watermark is released by the flush at the end of input
         self.flush_at_end = flush_at_end or hold_watermark
         self.state_budget = state_budget
@@ -181,7 +200,7 @@ class MicroBatchExecution:
         self.output_mode = output_mode
         self.checkpoint = checkpoint
         self.trigger = trigger
-        self.loop = loop_for(trigger)
+        self.loop = ReplayLoop() if replay is not None else loop_for(trigger)
         self.dead_letter_sink = dead_letter_sink
         self.late_sink = late_sink
         self.key_columns = key_columns
@@ -241,6 +260,8 @@ class MicroBatchExecution:
                 if side is not None:
                     side.open(self._sink_context(mode="append", keys=(), side=name))
             self.recover()
+            if self.replay is None:
+                refuse_unfinished(meta, self.next_batch_id, self.checkpoint.root)
             self.executor.open(self.checkpoint.root / "state", self.next_batch_id)
         except BaseException:
             self.close()
@@ -359,7 +380,7 @@ class MicroBatchExecution:
 
     def run_batch(self, *, capped: bool = True, bounds: dict[str, Offset] | None = None) -> bool:
         """Run the next batch through steps 1-7; False when there was nothing to do."""
-        batch = self.pending or self.plan_batch(capped=capped, bounds=bounds)
+        batch = self.pending or self.next_batch(capped=capped, bounds=bounds)
         if batch is None:
             return False
         timer = Timer(batch.durations_ms)
@@ -397,6 +418,16 @@ class MicroBatchExecution:
         self.batches_this_run += 1
         fault_point("after_report", batch.batch_id)
         return True
+
+    def next_batch(
+        self, *, capped: bool = True, bounds: dict[str, Offset] | None = None
+    ) -> PlannedBatch | None:
+        """Step 1's one decision: a replay's next recorded batch, else a plan from
+        the sources now (:meth:`plan_batch`); ``None``: nothing to run."""
+        if self.replay is None:
+            return self.plan_batch(capped=capped, bounds=bounds)
+        entry = self.replay.entry(self.next_batch_id)
+        return None if entry is None else PlannedBatch.recorded_in(entry)
 
     def plan_batch(
         self, *, capped: bool = True, bounds: dict[str, Offset] | None = None
@@ -495,7 +526,16 @@ class MicroBatchExecution:
         self, batch: PlannedBatch, *, capped: bool, bounds: dict[str, Offset] | None
     ) -> None:
         """With a backlog, read what the next batch will most likely be, in the
-        background, while this batch is in its sink (see :mod:`read_ahead`)."""
+        background, while this batch is in its sink (see :mod:`read_ahead`); a
+        replay reads its next recorded batch."""
+        if self.replay is not None:
+            # NOTE: a replay knows its next batch exactly: the next recorded entry
+            upcoming = self.replay.entry(batch.batch_id + 1)
+            if upcoming is not None and any(
+                self.sources[sid].compare(e, s) > 0 for sid, (s, e) in upcoming.sources.items()
+            ):
+                self.read_ahead.start(dict(upcoming.sources))
+            return
         backlog = self.loop.drains_backlog or self.falling_behind
         if not backlog or not capped:
             return
@@ -549,6 +589,8 @@ class MicroBatchExecution:
         self, batch: PlannedBatch, output: pl.DataFrame, dead: pl.DataFrame, ctx: OperatorContext
     ) -> None:
         """Step 5: hand the batch to the sinks (each idempotent on the batch id)."""
+        if self.replay is not None and self.replay.warms_up(batch.batch_id):
+            return  # a replay's warm-up batch rebuilds state only (``--batches A..B``)
         if dead.height and self.dead_letter_sink is not None:
             self.dead_letter_sink.add_batch(batch.batch_id, dead)
         if ctx.late_rows and self.late_sink is not None:

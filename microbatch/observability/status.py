@@ -109,6 +109,7 @@ def status_document(
         "checkpoint": str(chk.root),
         "query_id": meta.get("query_id"),
         "created_at": meta.get("created_at"),
+        "replay_of": meta.get("replay_of"),
         "state": state,
         "running": running,
         "lock_owner": owner,

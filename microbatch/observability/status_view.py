@@ -87,6 +87,15 @@ def render_status(doc: dict[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
+def _replay_row(replay_of: Any) -> list[tuple[str, str]]:
+    """``replay of``: what a checkpoint made by ``microbatch replay`` replays."""
+    if not isinstance(replay_of, dict):
+        return []
+    first, last = replay_of.get("batches", ["?", "?"])
+    return [("replay of", f"{escape(str(replay_of.get('checkpoint')))} batches {first}..{last} "
+                          f"(query {replay_of.get('query_id')})")]
+
+
 def _summary(doc: dict[str, Any]) -> Table:
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
@@ -98,6 +107,7 @@ def _summary(doc: dict[str, Any]) -> Table:
         ("checkpoint", escape(doc["checkpoint"])),
         ("query id", doc["query_id"]),
         ("created at", doc["created_at"]),
+        *_replay_row(doc.get("replay_of")),
         ("state", _state_line(doc)),
         ("last error", "none" if not error else
          f"[red]batch {error.get('batch_id')} at {error.get('failed_at')}: "
