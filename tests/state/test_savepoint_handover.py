@@ -85,6 +85,7 @@ def test_an_old_job_that_ran_past_its_savepoint_is_not_taken_over(tmp_path: Path
     new = _writer(tmp_path)
     restore_savepoint(tmp_path / "save", tmp_path / "new", new)
     version = DeltaTable(str(tmp_path / "out")).version()
-    with pytest.raises(OtherWriterError, match=r"committed batches up to \d+ to it after its savepoint at batch \d+"):
+    ran_past = r"committed batches up to \d+ to it after its savepoint at batch \d+"
+    with pytest.raises(OtherWriterError, match=ran_past):
         _run(new, tmp_path / "new")
     assert DeltaTable(str(tmp_path / "out")).version() == version  # nothing written
