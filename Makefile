@@ -20,11 +20,16 @@ demo: $(STAMP)
 
 # The suite on TEST_WORKERS pytest-xdist workers (tests/conftest.py says which tests
 # share one worker); TEST_WORKERS=0 runs it in this process.
+# The suite starts hundreds of `microbatch` processes: with PYTHONDONTWRITEBYTECODE
+# set (as on our CI machine) each one compiled the project's ~160 modules from
+# source, 0.4 s of its 1.3 s start. So the sources are compiled once first, and
+# the suite may write bytecode (a stale .pyc is never used: Python checks the source).
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
+	$(BIN)/python -m compileall -q -j 0 microbatch sinks statestore jobs examples tests benchmarks >/dev/null
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

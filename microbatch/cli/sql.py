@@ -17,7 +17,7 @@ naming ``FILE:LINE:COLUMN`` and the fix, exit code 2, before anything runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -37,7 +37,9 @@ from microbatch.cli.queries import (
 )
 from microbatch.exceptions import USER_ERRORS, QueryTerminatedError
 from microbatch.plan.triggers import parse_trigger
-from microbatch.sql.script import ScriptQuery, load_script
+
+if TYPE_CHECKING:
+    from microbatch.sql.script import ScriptQuery
 
 __all__ = ["sql"]
 
@@ -77,6 +79,8 @@ def sql(
         with StopOnSignal() as stopper:
             params = parse_params(param or [])
             spec = parse_trigger(trigger)
+            from microbatch.sql.script import load_script  # NOTE: sqlglot only for `sql`
+
             compiled = load_script(script, params)
             for item in compiled.queries:
                 preflight.check(item.writer)
