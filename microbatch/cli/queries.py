@@ -36,6 +36,18 @@ from microbatch.exceptions import USER_ERRORS, QueryTerminatedError
 from microbatch.observability.progress_schema import ProgressRecord
 from microbatch.plan.triggers import Trigger, parse_trigger
 
+JobFile = Annotated[Path, typer.Argument(
+    help="The job file: a .py defining build(params).", metavar="JOB.py", show_default=False)]
+"""The JOB.py argument of the commands that run a job file."""
+JobParams = Annotated[list[str] | None, typer.Option(
+    "--param", "-p", metavar="KEY=VALUE",
+    help="A parameter of the job, checked against the ones it declares "
+         "(`JOB.py --help` lists them); repeatable.")]
+"""``--param KEY=VALUE`` of the commands that run a job file."""
+QueryName = Annotated[str | None, typer.Option(
+    metavar="NAME", help="A name for the query (logs, progress).")]
+"""``--name`` of the commands that start a query."""
+
 POLL_S = 0.2
 """How often the CLI looks at the query's progress while it runs."""
 
@@ -240,8 +252,7 @@ def _finish(query: StreamingQuery, stats: RunStats, stopper: StopOnSignal) -> No
 
 
 def run(
-    job: Annotated[Path, typer.Argument(help="The job file: a .py defining build(params).",
-                                        metavar="JOB.py", show_default=False)],
+    job: JobFile,
     *,
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help=(
         "Checkpoint directory: makes the query restartable exactly where it stopped."),
@@ -249,13 +260,8 @@ def run(
     trigger: Annotated[str, typer.Option(metavar="TRIGGER", help=(
         "'10s'/'1m' (interval), 'once' or 'available-now'; 0s: batches back to back."
     ))] = "0s",
-    param: Annotated[list[str] | None, typer.Option(
-        "--param", "-p", metavar="KEY=VALUE",
-        help="A parameter of the job, checked against the ones it declares "
-             "(`JOB.py --help` lists them); repeatable.")] = None,
-    name: Annotated[str | None, typer.Option(metavar="NAME",
-                                                help="A name for the query (logs, progress).")]
-    = None,
+    param: JobParams = None,
+    name: QueryName = None,
     metrics_port: Annotated[int | None, typer.Option(
         min=0, max=65535, metavar="PORT",
         help="Serve Prometheus metrics on http://HOST:PORT/metrics while running "
@@ -419,19 +425,13 @@ def _side_note(counts: dict[str, int]) -> str:
 
 
 def backfill(
-    job: Annotated[Path, typer.Argument(help="The job file: a .py defining build(params).",
-                                        metavar="JOB.py", show_default=False)],
+    job: JobFile,
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help=(
         "Checkpoint directory of the replay: a new one replays the sources from their "
         "start; an existing one resumes an interrupted backfill."),
         metavar="DIR", show_default=False)],
-    param: Annotated[list[str] | None, typer.Option(
-        "--param", "-p", metavar="KEY=VALUE",
-        help="A parameter of the job, checked against the ones it declares "
-             "(`JOB.py --help` lists them); repeatable.")] = None,
-    name: Annotated[str | None, typer.Option(metavar="NAME",
-                                                help="A name for the query (logs, progress).")]
-    = None,
+    param: JobParams = None,
+    name: QueryName = None,
     replace_where: Annotated[str | None, typer.Option(
         "--replace-where", metavar="PREDICATE", help=(
             "Restate: recompute the job's output from its sources on a new checkpoint "
@@ -515,8 +515,7 @@ class ReplayLines(BatchLines):
 
 
 def replay(
-    job: Annotated[Path, typer.Argument(help="The job file: a .py defining build(params).",
-                                        metavar="JOB.py", show_default=False)],
+    job: JobFile,
     *,
     from_checkpoint: Annotated[Path, typer.Option("--from", help=(
         "The checkpoint of the run to replay (only read: its job may keep running)."),
@@ -534,9 +533,7 @@ def replay(
             "Write only batches A to B (both included). Batches 0..A-1 run first with "
             "their sink writes skipped, to rebuild the state (warm-up). Default: every "
             "batch the old run committed."))] = None,
-    name: Annotated[str | None, typer.Option(metavar="NAME",
-                                                help="A name for the query (logs, progress).")]
-    = None,
+    name: QueryName = None,
 ) -> None:
     """Run JOB's (possibly new) code over exactly the batches CHECKPOINT recorded.
 
