@@ -4,11 +4,13 @@ live display they share."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
@@ -217,6 +219,21 @@ def _query_failed(query: StreamingQuery, exc: QueryTerminatedError, job: Path) -
     return fail(message, 1)
 
 
+@contextlib.contextmanager
+def _start_errors_reported(what: str) -> Iterator[None]:
+    """Around a command's start: a user's mistake (``USER_ERRORS``) or an OS
+    error exits 2 with one paragraph saying what could not start, as does a
+    native library's panic (:func:`_native_panic`); anything else propagates."""
+    try:
+        yield
+    except USER_ERRORS as exc:
+        raise fail(str(exc), getattr(exc, "code", 2)) from None
+    except OSError as exc:
+        raise fail(f"cannot start the {what}: {exc}", 2) from None
+    except BaseException as exc:
+        raise _native_panic(exc, what) from None
+
+
 def _native_panic(exc: BaseException, what: str) -> BaseException:
     """A panic of a native library (pyo3's ``PanicException`` derives from
     ``BaseException``) as exit code 2 with its message; anything else unchanged."""
@@ -301,37 +318,30 @@ def run(
     """Run a job file until its trigger ends or SIGINT/SIGTERM stops it."""
     from microbatch.cli.jobfile import build_writer
 
-    try:
-        with StopOnSignal() as stopper:
-            params = parse_params(param or [])
-            spec = parse_trigger(trigger)
-            executor = None
-            if workers is not None or ray_address is not None:
-                from microbatch.distributed import RayExecutor
+    with _start_errors_reported("query"), StopOnSignal() as stopper:
+        params = parse_params(param or [])
+        spec = parse_trigger(trigger)
+        executor = None
+        if workers is not None or ray_address is not None:
+            from microbatch.distributed import RayExecutor
 
-                executor = RayExecutor(workers=workers or 2, address=ray_address)
-            writer = build_writer(job, params, note=_note)
-            preflight.check(writer)
-            if from_savepoint is not None or state_map:
-                from microbatch.cli.state import start_from_savepoint
+            executor = RayExecutor(workers=workers or 2, address=ray_address)
+        writer = build_writer(job, params, note=_note)
+        preflight.check(writer)
+        if from_savepoint is not None or state_map:
+            from microbatch.cli.state import start_from_savepoint
 
-                start_from_savepoint(from_savepoint, state_map or [], checkpoint, writer,
-                                     sharded=executor is not None, note=_note)
-            display = LiveLine("microbatch") if out.is_terminal else BatchLines()
-            query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
-                                             name=name, stopper=stopper, display=display,
-                                             metrics_port=metrics_port,
-                                             metrics_host=metrics_host,
-                                             durability=durability.value,
-                                             executor=executor,
-                                             state_memory_budget=state_memory_budget,
-                                             flush_at_end=flush)
-    except USER_ERRORS as exc:
-        raise fail(str(exc), getattr(exc, "code", 2)) from None
-    except OSError as exc:
-        raise fail(f"cannot start the query: {exc}", 2) from None
-    except BaseException as exc:
-        raise _native_panic(exc, "query") from None
+            start_from_savepoint(from_savepoint, state_map or [], checkpoint, writer,
+                                 sharded=executor is not None, note=_note)
+        display = LiveLine("microbatch") if out.is_terminal else BatchLines()
+        query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
+                                         name=name, stopper=stopper, display=display,
+                                         metrics_port=metrics_port,
+                                         metrics_host=metrics_host,
+                                         durability=durability.value,
+                                         executor=executor,
+                                         state_memory_budget=state_memory_budget,
+                                         flush_at_end=flush)
     if error is not None:
         raise _query_failed(query, error, job)
     _finish(query, stats, stopper)
@@ -367,23 +377,17 @@ def demo(
 
     output.expanduser().parent.mkdir(parents=True, exist_ok=True)
     receiver = Receiver(log=output.expanduser().parent / "webhook.jsonl")
-    try:
-        with StopOnSignal() as stopper, running(receiver) as base_url:
-            spec = parse_trigger(trigger)
-            writer = demo_job.build(
-                {"output": str(output), "rows_per_second": f"{rows_per_second:g}",
-                 "webhook": f"{base_url}/alerts"}
-            )
-            display = DemoTable(seconds) if out.is_terminal else BatchLines()
-            query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
-                                             name="demo", stopper=stopper, display=display,
-                                             seconds=seconds)
-    except USER_ERRORS as exc:
-        raise fail(str(exc), getattr(exc, "code", 2)) from None
-    except OSError as exc:
-        raise fail(f"cannot start the demo: {exc}", 2) from None
-    except BaseException as exc:
-        raise _native_panic(exc, "demo") from None
+    with _start_errors_reported("demo"), StopOnSignal() as stopper, \
+            running(receiver) as base_url:
+        spec = parse_trigger(trigger)
+        writer = demo_job.build(
+            {"output": str(output), "rows_per_second": f"{rows_per_second:g}",
+             "webhook": f"{base_url}/alerts"}
+        )
+        display = DemoTable(seconds) if out.is_terminal else BatchLines()
+        query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
+                                         name="demo", stopper=stopper, display=display,
+                                         seconds=seconds)
     if error is not None:
         raise _query_failed(query, error, Path(demo_job.__file__))
     out_dir, chk_dir = output.expanduser().resolve(), Path(query.checkpoint)
@@ -454,40 +458,33 @@ def backfill(
     from microbatch.tools.restate import Restatement
 
     restate = None
-    try:
-        with StopOnSignal() as stopper:
-            params = parse_params(param or [])
-            spec = parse_trigger("available-now")
-            writer = build_writer(job, params, note=_note)
-            preflight.check(writer)
-            if replace_where is not None:
-                if Checkpoint(checkpoint).exists():
-                    raise CliError(
-                        f"--replace-where recomputes from the sources' start: use a new "
-                        f"--checkpoint directory, not {checkpoint} (it holds a checkpoint; "
-                        "an interrupted restatement replaced nothing, so run it again "
-                        "on a new directory)"
-                    )
-                restate = Restatement.of(writer, replace_where)
-                writer = restate.staged
-            tracker = BackfillTracker(writer, checkpoint)
-            display = BackfillBar(tracker) if out.is_terminal else BackfillLines(tracker)
-            query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
-                                             name=name or "backfill", stopper=stopper,
-                                             display=display,
-                                             hold_watermark=restate is not None)
-            if restate is not None and error is None and stopper.reason is None:
-                rows = restate.rows()
-                version = restate.commit(rows)
-                out.print(f"restated {rows.height:,} rows where {escape(restate.predicate)} in "
-                          f"{escape(restate.table.uri)} (version {version}); the other "
-                          f"rows are unchanged{_side_note(restate.side_rows())}", soft_wrap=True)
-    except USER_ERRORS as exc:
-        raise fail(str(exc), getattr(exc, "code", 2)) from None
-    except OSError as exc:
-        raise fail(f"cannot start the backfill: {exc}", 2) from None
-    except BaseException as exc:
-        raise _native_panic(exc, "backfill") from None
+    with _start_errors_reported("backfill"), StopOnSignal() as stopper:
+        params = parse_params(param or [])
+        spec = parse_trigger("available-now")
+        writer = build_writer(job, params, note=_note)
+        preflight.check(writer)
+        if replace_where is not None:
+            if Checkpoint(checkpoint).exists():
+                raise CliError(
+                    f"--replace-where recomputes from the sources' start: use a new "
+                    f"--checkpoint directory, not {checkpoint} (it holds a checkpoint; "
+                    "an interrupted restatement replaced nothing, so run it again "
+                    "on a new directory)"
+                )
+            restate = Restatement.of(writer, replace_where)
+            writer = restate.staged
+        tracker = BackfillTracker(writer, checkpoint)
+        display = BackfillBar(tracker) if out.is_terminal else BackfillLines(tracker)
+        query, stats, error = _run_query(writer, checkpoint=checkpoint, trigger=spec,
+                                         name=name or "backfill", stopper=stopper,
+                                         display=display,
+                                         hold_watermark=restate is not None)
+        if restate is not None and error is None and stopper.reason is None:
+            rows = restate.rows()
+            version = restate.commit(rows)
+            out.print(f"restated {rows.height:,} rows where {escape(restate.predicate)} in "
+                      f"{escape(restate.table.uri)} (version {version}); the other "
+                      f"rows are unchanged{_side_note(restate.side_rows())}", soft_wrap=True)
     if error is not None:
         raise _query_failed(query, error, job)
     _finish(query, stats, stopper)
@@ -546,27 +543,20 @@ def replay(
     from microbatch.cli.jobfile import build_writer
     from microbatch.engine.replay import parse_batches, prepare_replay
 
-    try:
-        with StopOnSignal() as stopper:
-            params = parse_params(param or [])
-            writer = build_writer(job, params, note=_note)
-            preflight.check(writer)
-            recorded = prepare_replay(from_checkpoint, checkpoint, parse_batches(batches))
-            display = ReplayLines(recorded.first, recorded.last)
-            if recorded.first > 0:
-                display.note(f"replaying batches {recorded.first}..{recorded.last} of "
-                             f"{recorded.old_root}; batches 0..{recorded.first - 1} warm "
-                             "the state up first (their sink writes are skipped)")
-            baseline = _latest_progress_id(checkpoint)
-            query = writer.replay(from_checkpoint, checkpoint,
-                                  batches=(recorded.first, recorded.last), name=name)
-            stats, error = _follow(query, stopper, display, baseline)
-    except USER_ERRORS as exc:
-        raise fail(str(exc), getattr(exc, "code", 2)) from None
-    except OSError as exc:
-        raise fail(f"cannot start the replay: {exc}", 2) from None
-    except BaseException as exc:
-        raise _native_panic(exc, "replay") from None
+    with _start_errors_reported("replay"), StopOnSignal() as stopper:
+        params = parse_params(param or [])
+        writer = build_writer(job, params, note=_note)
+        preflight.check(writer)
+        recorded = prepare_replay(from_checkpoint, checkpoint, parse_batches(batches))
+        display = ReplayLines(recorded.first, recorded.last)
+        if recorded.first > 0:
+            display.note(f"replaying batches {recorded.first}..{recorded.last} of "
+                         f"{recorded.old_root}; batches 0..{recorded.first - 1} warm "
+                         "the state up first (their sink writes are skipped)")
+        baseline = _latest_progress_id(checkpoint)
+        query = writer.replay(from_checkpoint, checkpoint,
+                              batches=(recorded.first, recorded.last), name=name)
+        stats, error = _follow(query, stopper, display, baseline)
     if error is not None:
         raise _query_failed(query, error, job)
     _finish(query, stats, stopper)
