@@ -81,11 +81,19 @@ def at_ms(ms: list[int]) -> list[datetime]:
     return [datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=t) for t in ms]
 
 
-def write_events(path: Path, first_id: int, times: list[int], rng: random.Random) -> int:
+def write_events(path: Path, first_id: int, times: list[int], rng: random.Random,
+                 every_product_at: int | None = None) -> int:
+    """Events at ``times`` for random products, and one per product at
+    ``every_product_at`` (so every commit's changes are seen after it, whatever
+    the commits' wall-clock spacing did to the random draws)."""
+    products = [rng.randint(0, 6) for _ in times]  # 6 never exists
+    if every_product_at is not None:
+        products += list(range(7))
+        times = times + [every_product_at] * 7
     frame = pl.DataFrame(
         {
             "eid": list(range(first_id, first_id + len(times))),
-            "product": [rng.randint(0, 6) for _ in times],  # 6 never exists
+            "product": products,
             "ts": at_ms(times),
         },
         schema={"eid": pl.Int64, "product": pl.Int64, "ts": MS_UTC},
@@ -140,7 +148,7 @@ def test_temporal_join_with_a_cdf_dimension_updated_in_place(tmp_path: Path) -> 
         commit = commit_time(dim, version)
         assert commit > last + 20  # the previous run's latest event is before this commit
         times = event_times(rng, last + 20 if version else commit - 200, commit)
-        next_id = write_events(events, next_id, times, rng)
+        next_id = write_events(events, next_id, times, rng, every_product_at=commit + 20)
         last = commit
         joined = (
             mb.read_delta(events)
