@@ -94,18 +94,14 @@ class PlannedBatch:
     @classmethod
     def recovered_from(cls, entry: OffsetEntry) -> PlannedBatch:
         """The batch ``entry`` fixed, to be re-run exactly as recorded."""
-        return cls(
-            batch_id=entry.batch_id,
-            ranges=dict(entry.sources),
-            timestamp_ms=entry.timestamp_ms,
-            watermark_ms=entry.watermark_ms,
-            recovered=True,
-        )
+        batch = cls.recorded_in(entry)
+        batch.recovered = True  # NOTE: already written ahead: steps 3..7 only
+        return batch
 
     @classmethod
     def recorded_in(cls, entry: OffsetEntry) -> PlannedBatch:
-        """The batch another checkpoint's ``entry`` fixed, to be written ahead and
-        run again exactly as recorded (a replay)."""
+        """The batch ``entry`` fixed, as a new batch of this checkpoint: to be
+        written ahead and run exactly as recorded (a replay of another checkpoint's)."""
         return cls(
             batch_id=entry.batch_id,
             ranges=dict(entry.sources),
@@ -528,17 +524,23 @@ class MicroBatchExecution:
         """With a backlog, read what the next batch will most likely be, in the
         background, while this batch is in its sink (see :mod:`read_ahead`); a
         replay reads its next recorded batch."""
+        ranges = self._upcoming_ranges(batch, capped=capped, bounds=bounds)
+        if ranges and any(
+            self.sources[sid].compare(e, s) > 0 for sid, (s, e) in ranges.items()
+        ):
+            self.read_ahead.start(ranges)
+
+    def _upcoming_ranges(
+        self, batch: PlannedBatch, *, capped: bool, bounds: dict[str, Offset] | None
+    ) -> dict[str, tuple[Offset, Offset]] | None:
+        """The next batch's ranges: a replay's next recorded entry (known exactly),
+        else a guess from the sources when there is a backlog; ``None``: none."""
         if self.replay is not None:
-            # NOTE: a replay knows its next batch exactly: the next recorded entry
             upcoming = self.replay.entry(batch.batch_id + 1)
-            if upcoming is not None and any(
-                self.sources[sid].compare(e, s) > 0 for sid, (s, e) in upcoming.sources.items()
-            ):
-                self.read_ahead.start(dict(upcoming.sources))
-            return
+            return None if upcoming is None else dict(upcoming.sources)
         backlog = self.loop.drains_backlog or self.falling_behind
         if not backlog or not capped:
-            return
+            return None
         ranges: dict[str, tuple[Offset, Offset]] = {}
         try:
             for sid, (_, end) in batch.ranges.items():
@@ -549,9 +551,8 @@ class MicroBatchExecution:
                 ranges[sid] = (end, nxt if source.compare(nxt, end) > 0 else end)
         except Exception as exc:  # a guess failed: the next plan will ask (and raise) again
             log.debug("no read-ahead for batch %d: %s", batch.batch_id + 1, exc)
-            return
-        if any(self.sources[sid].compare(e, s) > 0 for sid, (s, e) in ranges.items()):
-            self.read_ahead.start(ranges)
+            return None
+        return ranges
 
     def execute(
         self, batch: PlannedBatch, inputs: dict[str, pl.DataFrame]
