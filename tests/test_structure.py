@@ -213,9 +213,12 @@ def test_every_stateful_node_has_an_operator_and_runs_in_the_executor_matrix() -
 
 
 def test_a_node_class_has_one_builder() -> None:
-    from microbatch.operators.registry import builds
+    from microbatch.operators.registry import builds, registered
     from microbatch.plan.nodes import AggregateNode
 
+    # NOTE: load the real builders first: run before any operator module was
+    # imported, the lambda below would register itself and poison later tests
+    assert AggregateNode in registered()
     with pytest.raises(TypeError, match="already has an operator builder"):
         builds(AggregateNode)(lambda node, operator_id, mode: None)  # type: ignore[arg-type,return-value]
 
