@@ -20,7 +20,8 @@ of Stripe and the IETF draft) gets every row exactly once:
   not serialise a batch, and one receiver is not flooded;
 - ``add_batch`` returns only when every row was acknowledged (2xx) or
   dead-lettered; then the batch id is recorded in a ledger in the checkpoint,
-  so a batch whose commit was cut short by a crash is not posted again.
+  so a batch whose commit was cut short by a crash is not posted again (a
+  batch without rows posts nothing and records nothing: no write, no fsync).
 
 The bearer token is read from an environment variable when the sink opens; it
 is sent in the ``Authorization`` header only and never appears in a
@@ -295,7 +296,7 @@ class WebhookSink(Sink):
             assert self.dead_letters is not None, "opened with a checkpoint or dead_letters"
             self.dead_letters.add_batch(batch.batch_id, _dead_letter_frame(refused, batch.batch_id))
         batch.at("sink.after_data")
-        if self._ledger is not None:
+        if self._ledger is not None and requests:  # nothing posted: a re-run posts nothing
             write_atomic(self._ledger / str(batch.batch_id), b"{}\n")
         latencies = sorted(ms for o in outcomes for ms in o.latencies_ms)
         self._last = {
