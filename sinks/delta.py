@@ -574,7 +574,8 @@ class DeltaSink(Sink):
         root = local_root(self.uri)
         if root is None or self._table is None:
             return
-        self._table.update_incremental()
+        if self._table.version() < first:  # a commit through the handle moves it already
+            self._table.update_incremental()
         persist_versions(root, first, self._table.version())
 
     def _record(self, batch_id: int, *, skipped: bool, attempts: int, started: float) -> None:
