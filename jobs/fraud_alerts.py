@@ -136,12 +136,14 @@ def alerts(tx: mb.Stream, *, delay: str = DELAY, allowed_lateness: str = ALLOWED
 
 
 def alert_sinks(params: Params) -> Sink:
-    """The pages first (the webhook, then the alerts topic: revision 0 only), then
-    the alert table (every revision, MERGEd by alert id).
+    """The pages (the webhook and the alerts topic: revision 0 only) and the alert
+    table (every revision, MERGEd by alert id), written at the same time.
 
-    NOTE: pages go first because a page's latency is the product: it does not wait
-    for the table's commit. A failure after a page fails the batch, and its re-run
-    sends the same pages again (same keys, same bodies)."""
+    NOTE: a page's latency is the product: it never waits for the table's commit,
+    and the batch's sink step costs its slowest sink instead of their sum. Each
+    sink is idempotent on the batch id and the batch commits only after all of
+    them finished: a failure in any fails the batch, and its re-run sends the
+    same pages again (same keys, same bodies) and skips what already landed."""
     routes: list[Sink] = []
     if params.webhook:
         from sinks.webhook import WebhookSink
@@ -154,7 +156,7 @@ def alert_sinks(params: Params) -> Sink:
         routes.append(Routed(topic, where=PAGE))
     routes.append(Routed(DeltaSink(params.output, merge_keys="alert_id"),
                          output_mode="update", key_columns=("alert_id",)))
-    return FanOutSink(routes)
+    return FanOutSink(routes, concurrent=True)
 
 
 def build(params: Params) -> mb.DataStreamWriter:

@@ -214,6 +214,8 @@ class DeltaSink(Sink):
         self._table: DeltaTable | None = None
         self._fresh = False
         """The handle was refreshed by ``is_written`` for the batch being written."""
+        self._steps: dict[str, float] = {}
+        """Milliseconds of the steps of the batch being written (see :meth:`metrics`)."""
 
     # ------------------------------------------------------------------ protocol
 
@@ -264,6 +266,7 @@ class DeltaSink(Sink):
         started = time.perf_counter()
         table = self._refresh()
         self._fresh = True
+        self._steps = {"refresh_ms": _ms_since(started)}
         if not _has_batch(table, batch):
             return False
         self._record(batch.batch_id, skipped=True, attempts=1, started=started)
@@ -305,6 +308,7 @@ class DeltaSink(Sink):
             aligned = self._align(table, data, batch_id)
             batch.at("sink.before_commit")
             read_version = table.version()
+            step = time.perf_counter()
             try:
                 self._commit(table, aligned, batch_id, mode, keys, deleted=deleted)
             except Exception as exc:
@@ -315,7 +319,10 @@ class DeltaSink(Sink):
                          "reloading", self.uri, batch_id, attempt, exc)
                 self._table = None  # reload from scratch: never reuse a handle that lost
                 continue
+            self._steps["write_ms"] = _ms_since(step)
+            step = time.perf_counter()
             self._persist(read_version + 1)
+            self._steps["fsync_ms"] = _ms_since(step)
             self._record(batch_id, skipped=False, attempts=attempt, started=started)
             batch.at("sink.after_commit")
             self._maybe_optimize(batch_id)
@@ -567,7 +574,8 @@ class DeltaSink(Sink):
         root = local_root(self.uri)
         if root is None or self._table is None:
             return
-        self._table.update_incremental()
+        if self._table.version() < first:  # a commit through the handle moves it already
+            self._table.update_incremental()
         persist_versions(root, first, self._table.version())
 
     def _record(self, batch_id: int, *, skipped: bool, attempts: int, started: float) -> None:
@@ -576,8 +584,19 @@ class DeltaSink(Sink):
             "skipped": skipped,
             "attempts": attempts,
             "version": self._table.version() if self._table is not None else None,
-            "commit_ms": round((time.perf_counter() - started) * 1000, 3),
+            "commit_ms": _ms_since(started),
+            **self._steps,
         }
+        self._steps = {}
+
+    def metrics(self) -> dict[str, Any]:
+        """The last batch's commit (:attr:`last_commit`): ``version``, ``attempts``,
+        ``skipped``, ``commit_ms`` (from the refresh to the durable commit) and its
+        steps: ``refresh_ms`` (the handle brought to the latest version and the app
+        transaction read), ``write_ms`` (delta-rs's write or MERGE and its commit),
+        ``fsync_ms`` (a local table's new files made durable); ``optimize`` after a
+        compaction."""
+        return dict(self.last_commit)
 
     def _write_error(self, batch_id: int, exc: Exception) -> SinkError:
         return SinkError(
@@ -778,6 +797,10 @@ def _short(exc: BaseException, limit: int = 400) -> str:
         kept.append(line.strip())
     text = " ".join(kept) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
 
 
 def _has_batch(table: DeltaTable | None, batch: BatchContext) -> bool:

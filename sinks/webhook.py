@@ -20,27 +20,36 @@ of Stripe and the IETF draft) gets every row exactly once:
   not serialise a batch, and one receiver is not flooded;
 - ``add_batch`` returns only when every row was acknowledged (2xx) or
   dead-lettered; then the batch id is recorded in a ledger in the checkpoint,
-  so a batch whose commit was cut short by a crash is not posted again.
+  so a batch whose commit was cut short by a crash is not posted again (a
+  batch without rows posts nothing and records nothing: no write, no fsync).
 
 The bearer token is read from an environment variable when the sink opens; it
 is sent in the ``Authorization`` header only and never appears in a
 description, log line, progress record or error. HTTPS certificates are
 verified unless ``verify=False``.
 
-HTTP client: `httpx <https://www.python-httpx.org>`_ -- a maintained, typed
-client with connection pooling shared by threads, separate connect/read/write
-timeouts, certificate verification on by default and HTTP/1.1 keep-alive,
-without the blocking global state of ``urllib``; ``requests`` offers no
-per-phase timeouts and no typing.
+HTTP client: the standard library's ``http.client``, one persistent (HTTP/1.1
+keep-alive) connection per sending thread, so a batch's POSTs reuse at most
+``max_in_flight`` connections and no thread waits on another's pool lock. It
+replaced httpx (wave 3, issue 31 item 6): on the fraud demo's ~150 POSTs a
+batch, httpx's per-request Python work and its shared pool cost 2-3x the
+time of the POSTs themselves (``benchmarks/fraud_sinks.py``). The timeout
+applies to the connect and to each read and write; HTTPS verifies the
+certificate and host name (``ssl.create_default_context``); redirects are
+not followed (a 3xx is a refusal); proxies from ``HTTP(S)_PROXY`` are not
+used. A kept-alive connection the receiver closed while idle is reopened and
+the request sent again at once (the same key and body: harmless).
 """
 
 from __future__ import annotations
 
 import email.utils
 import hashlib
+import http.client
 import logging
 import os
 import random
+import ssl
 import threading
 import time
 from collections.abc import Mapping
@@ -48,6 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import polars as pl
 
@@ -63,6 +73,8 @@ RETRY_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 """Answers that may succeed on a later attempt."""
 BODY_EXCERPT = 500
 """Characters of a refusing answer kept in its dead letter."""
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+"""How a kept-alive connection that the receiver closed while idle fails."""
 DEAD_LETTER_SCHEMA = pl.Schema(
     {
         "idempotency_key": pl.String(),
@@ -79,6 +91,13 @@ DEAD_LETTER_SCHEMA = pl.Schema(
 class _Request:
     key: str
     body: bytes
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    retry_after: str | None
+    text: str
 
 
 @dataclass
@@ -164,7 +183,12 @@ class WebhookSink(Sink):
         self.backoff = (float(backoff[0]), float(backoff[1]))
         self.verify = verify
         self.dead_letters = dead_letters
-        self._client: Any = None
+        self._headers: dict[str, str] = {}
+        self._target = "/"
+        self._ssl: ssl.SSLContext | None = None
+        self._connections: list[http.client.HTTPConnection] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._ledger: Path | None = None
         self._last: dict[str, Any] = {}
@@ -203,9 +227,7 @@ class WebhookSink(Sink):
     # ------------------------------------------------------------------ lifecycle
 
     def on_open(self, ctx: SinkContext) -> None:
-        """Create the HTTP client and the thread pool; read the token; find the ledger."""
-        import httpx
-
+        """Start the thread pool; read the token; find the ledger."""
         self.close()
         headers = {"Content-Type": "application/json", **self.headers}
         if self.token_env:
@@ -216,15 +238,11 @@ class WebhookSink(Sink):
                     "token) is not set; export it before starting the query"
                 )
             headers["Authorization"] = f"Bearer {token}"
-        self._client = httpx.Client(
-            headers=headers,
-            timeout=httpx.Timeout(self.timeout),
-            limits=httpx.Limits(
-                max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
-            ),
-            verify=_ssl_context(self.verify),
-            follow_redirects=False,
-        )
+        self._headers = headers
+        parts = urlsplit(self.url)
+        self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._ssl = _ssl_context(self.verify) if parts.scheme == "https" else None
+        self._local = threading.local()
         self._pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="microbatch-webhook")
         if ctx.checkpoint_dir is not None:
             digest = hashlib.sha256(f"{self.shown_url} {self.key}".encode()).hexdigest()[:12]
@@ -239,13 +257,14 @@ class WebhookSink(Sink):
                                                checkpoint_dir=ctx.checkpoint_dir))
 
     def close(self) -> None:
-        """Finish the requests in flight, then close the client."""
+        """Finish the requests in flight, then close the connections."""
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for connection in connections:
+            connection.close()
         if self.dead_letters is not None:
             self.dead_letters.close()
 
@@ -277,7 +296,7 @@ class WebhookSink(Sink):
             assert self.dead_letters is not None, "opened with a checkpoint or dead_letters"
             self.dead_letters.add_batch(batch.batch_id, _dead_letter_frame(refused, batch.batch_id))
         batch.at("sink.after_data")
-        if self._ledger is not None:
+        if self._ledger is not None and requests:  # nothing posted: a re-run posts nothing
             write_atomic(self._ledger / str(batch.batch_id), b"{}\n")
         latencies = sorted(ms for o in outcomes for ms in o.latencies_ms)
         self._last = {
@@ -306,6 +325,11 @@ class WebhookSink(Sink):
                 f"{self.label}: batch {batch_id} has {keys.null_count()} row(s) with a null "
                 f"{self.key!r}; every row needs an Idempotency-Key"
             )
+        if keys.str.contains("[\r\n]").any():
+            raise SinkError(
+                f"{self.label}: batch {batch_id} has a {self.key!r} with a line break, which "
+                "an HTTP header (the Idempotency-Key) cannot carry; strip it in the query"
+            )
         lines = df.write_ndjson().encode().split(b"\n")[: df.height]
         names = keys.to_list()
         if self.batch_size is None:
@@ -319,8 +343,6 @@ class WebhookSink(Sink):
 
     def _deliver(self, request: _Request, deadline: float) -> _Outcome:
         """One request, retried while it may succeed later and time is left."""
-        import httpx
-
         outcome = _Outcome()
         delay = self.backoff[0]
         last = ""
@@ -329,19 +351,17 @@ class WebhookSink(Sink):
             wait: float | None = None
             t0 = time.monotonic()
             try:
-                answer = self._client.post(
-                    self.url, content=request.body, headers={"Idempotency-Key": request.key}
-                )
-            except httpx.HTTPError as exc:  # connection refused, reset, timeout...
+                answer = self._post(request)
+            except (OSError, http.client.HTTPException) as exc:  # refused, reset, timeout...
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 outcome.latencies_ms.append((time.monotonic() - t0) * 1000)
-                if answer.status_code not in RETRY_STATUS:
-                    outcome.status = answer.status_code
-                    outcome.response = "" if _ok(answer.status_code) else answer.text[:BODY_EXCERPT]
+                if answer.status not in RETRY_STATUS:
+                    outcome.status = answer.status
+                    outcome.response = "" if _ok(answer.status) else answer.text[:BODY_EXCERPT]
                     return outcome
-                last = f"HTTP {answer.status_code}"
-                wait = _retry_after(answer.headers.get("Retry-After"))
+                last = f"HTTP {answer.status}"
+                wait = _retry_after(answer.retry_after)
             if wait is None:
                 wait = random.uniform(0, delay)  # full jitter
                 delay = min(delay * 2, self.backoff[1])
@@ -355,6 +375,45 @@ class WebhookSink(Sink):
             log.info("%s: key %s: %s; retry in %.2f s", self.label, request.key, last, wait)
             self._abandon.wait(wait)
         raise SinkError(f"{self.label}: key {request.key!r} abandoned: the batch failed")
+
+    def _post(self, request: _Request) -> _Answer:
+        """POST ``request`` on this thread's connection; a kept-alive connection
+        that the receiver closed while idle is reopened and the request sent again."""
+        headers = {**self._headers, "Idempotency-Key": request.key}
+        connection = self._connection()
+        reused = connection.sock is not None
+        while True:
+            try:
+                connection.request("POST", self._target, body=request.body, headers=headers)
+                answer = connection.getresponse()
+                text = answer.read()
+            except _STALE:
+                connection.close()
+                if not reused:
+                    raise
+                reused = False
+                continue
+            except BaseException:
+                connection.close()  # a half-done exchange leaves the connection unusable
+                raise
+            return _Answer(answer.status, answer.getheader("Retry-After"),
+                           "" if _ok(answer.status) else text.decode("utf-8", "replace"))
+
+    def _connection(self) -> http.client.HTTPConnection:
+        """This thread's connection to the receiver (opened on first use)."""
+        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            parts = urlsplit(self.url)
+            host, port = parts.hostname or "", parts.port
+            if self._ssl is not None:
+                connection = http.client.HTTPSConnection(host, port, timeout=self.timeout,
+                                                         context=self._ssl)
+            else:
+                connection = http.client.HTTPConnection(host, port, timeout=self.timeout)
+            self._local.connection = connection
+            with self._lock:
+                self._connections.append(connection)
+        return connection
 
 
 def _ok(status: int | None) -> bool:
@@ -395,9 +454,13 @@ def _quantile(sorted_ms: list[float], q: float) -> float | None:
     return round(sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))], 2)
 
 
-def _ssl_context(verify: bool | str) -> Any:
+def _ssl_context(verify: bool | str) -> ssl.SSLContext:
+    """Verify the certificate and host name (``True``), against a CA bundle (a
+    path), or not at all (``False``)."""
     if isinstance(verify, str):
-        import ssl
-
         return ssl.create_default_context(cafile=verify)
-    return verify
+    context = ssl.create_default_context()
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context

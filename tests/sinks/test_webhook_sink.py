@@ -90,6 +90,18 @@ def test_a_replayed_batch_without_ledger_sends_the_same_bodies(receiver, tmp_pat
     assert rec.stats()["conflicts"] == 0
 
 
+def test_a_batch_without_rows_posts_nothing_and_writes_no_ledger(receiver, tmp_path: Path
+                                                                 ) -> None:
+    rec, url = receiver
+    sink = opened(WebhookSink(url, key="alert_id"), tmp_path / "chk")
+    sink.add_batch(0, rows(0))  # a no-data batch (a watermark tick)
+    sink.add_batch(1, rows(2))
+    sink.close()
+    ledger = sorted(p.name for p in (tmp_path / "chk" / "sinks").rglob("*") if p.is_file())
+    assert ledger == ["1"]
+    assert rec.stats()["accepted"] == 2
+
+
 def test_batch_mode_posts_json_arrays_keyed_by_their_rows(receiver, tmp_path: Path) -> None:
     rec, url = receiver
     sink = opened(WebhookSink(url, key="alert_id", batch_size=4), tmp_path / "chk")
