@@ -42,9 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import itertools
 import logging
-import operator
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -788,10 +786,11 @@ class _RangeRead:
                     self.stalled()
                 continue
             progress_at = time.monotonic()
-            errors = list(map(_Message.error, msgs))
-            # NOTE: not errors.count(None): KafkaError.__eq__(None) leaves a TypeError set
             events: list[tuple[Any, Any]] = []
-            if any(map(operator.is_not, errors, itertools.repeat(None))):  # events: rare
+            # NOTE: not errors.count(None): KafkaError.__eq__(None) leaves a TypeError set;
+            # a KafkaError is always true (no __bool__ or __len__), so any() is one C pass
+            if any(map(_Message.error, msgs)):  # events: rare
+                errors = list(map(_Message.error, msgs))
                 events = [(m, err) for m, err in zip(msgs, errors, strict=True) if err is not None]
                 msgs = [m for m, err in zip(msgs, errors, strict=True) if err is None]
             for key, chunk in to_chunks(msgs, self.source._fields,
