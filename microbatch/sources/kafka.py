@@ -42,7 +42,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -789,10 +791,8 @@ class _RangeRead:
             events: list[tuple[Any, Any]] = []
             # NOTE: not errors.count(None): KafkaError.__eq__(None) leaves a TypeError set;
             # a KafkaError is always true (no __bool__ or __len__), so any() is one C pass
-            if any(map(_Message.error, msgs)):  # events: rare
-                errors = list(map(_Message.error, msgs))
-                events = [(m, err) for m, err in zip(msgs, errors, strict=True) if err is not None]
-                msgs = [m for m, err in zip(msgs, errors, strict=True) if err is None]
+            if any(map(_Message.error, msgs)):  # events: rare, so no loop over the data
+                msgs, events = _split_events(msgs)
             for key, chunk in to_chunks(msgs, self.source._fields,
                                         multi_topic=len(self.source.topics) > 1):
                 self.take(key, chunk)
@@ -870,6 +870,19 @@ def _no_cyclic_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _split_events(msgs: list[Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """``consume()``'s result as its data messages and its events (message, error),
+    each in order, with Python code per event only."""
+    errors = list(map(_Message.error, msgs))
+    at = np.flatnonzero(np.fromiter(map(operator.is_not, errors, itertools.repeat(None)),
+                                    dtype=bool, count=len(msgs)))
+    events = [(msgs[i], errors[i]) for i in at.tolist()]
+    bounds = [-1, *at.tolist(), len(msgs)]
+    data = list(itertools.chain.from_iterable(
+        msgs[a + 1:b] for a, b in itertools.pairwise(bounds)))
+    return data, events
 
 
 def _cap(begin: dict[Key, int], end: dict[Key, int], cap: int) -> dict[Key, int]:

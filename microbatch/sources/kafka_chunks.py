@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -92,7 +92,7 @@ def to_chunks(msgs: list[Any], fields: Fields, *, multi_topic: bool) -> list[tup
         return []
     parts = np.fromiter(map(_Message.partition, msgs), dtype=np.int64, count=n)
     whole = Chunk(
-        np.fromiter(map(_Message.offset, msgs), dtype=np.int64, count=n),
+        np.empty(0, dtype=np.int64),  # offsets: per run, below
         list(map(_Message.value, msgs)),
         np.fromiter(map(_second, map(_Message.timestamp, msgs)), dtype=np.int64, count=n)
         if fields.timestamps else None,
@@ -107,13 +107,24 @@ def to_chunks(msgs: list[Any], fields: Fields, *, multi_topic: bool) -> list[tup
         change |= names[1:] != names[:-1]
     else:
         topics = [msgs[0].topic()]
-    if not change.any():
-        return [((topics[0], int(parts[0])), whole)]
     bounds = [0, *(np.flatnonzero(change) + 1).tolist(), n]
-    return [
-        ((topics[a] if multi_topic else topics[0], int(parts[a])), whole.part(a, b))
-        for a, b in itertools.pairwise(bounds)
-    ]
+    out = []
+    for a, b in itertools.pairwise(bounds):  # a loop per partition run, not per record
+        run = whole if b - a == n else whole.part(a, b)
+        out.append(((topics[a] if multi_topic else topics[0], int(parts[a])),
+                     replace(run, offsets=_offsets(msgs, a, b))))
+    return out
+
+
+def _offsets(msgs: list[Any], a: int, b: int) -> np.ndarray:
+    """The offsets of ``msgs[a:b]`` (one partition, strictly increasing): from the
+    first and the last alone when they span exactly ``b - a`` offsets (no gap:
+    the usual case), else read one by one (compacted topics, transaction
+    markers)."""
+    first, last = msgs[a].offset(), msgs[b - 1].offset()
+    if last - first + 1 == b - a:
+        return np.arange(first, last + 1, dtype=np.int64)
+    return np.fromiter(map(_Message.offset, msgs[a:b]), dtype=np.int64, count=b - a)
 
 
 def held(chunks: Sequence[Chunk]) -> int:
