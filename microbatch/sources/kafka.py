@@ -65,7 +65,7 @@ from microbatch.sources.base import (
     empty_dead_letters,
 )
 from microbatch.sources.kafka_changelog import decode_debezium, decode_upsert
-from microbatch.sources.kafka_chunks import Chunk, Fields, concat, held, to_chunks
+from microbatch.sources.kafka_chunks import Backlog, Chunk, Fields, concat, to_chunks
 from microbatch.sources.kafka_decode import decode_values
 from microbatch.types import DataLossMode, KafkaFormat, StartingOffsets
 from sinks.changelog import CHANGE_TYPE
@@ -251,7 +251,7 @@ class KafkaSource(Source):
         self._lock = threading.Lock()
         self._next: dict[Key, int] = {}
         """Per assigned partition: where the consumer's stream continues."""
-        self._leftover: dict[Key, list[Chunk]] = {}
+        self._leftover: dict[Key, Backlog] = {}
         """Records fetched past the end of the last read, for the next one."""
         self._paused: set[Key] = set()
         """Assigned partitions paused because more than ``_leftover_limit`` of their
@@ -458,7 +458,7 @@ class KafkaSource(Source):
                                 and not self._covers(k, e)])
         read = _RangeRead(self, consumer, ranges)
         for key in ranges:
-            for chunk in self._leftover.pop(key, []):
+            for chunk in self._leftover.pop(key, ()):
                 read.take(key, chunk)
         read.run()
         for key, (_, e) in ranges.items():
@@ -495,8 +495,8 @@ class KafkaSource(Source):
 
     def _covers(self, key: Key, end: int) -> bool:
         """Do the records held for ``key`` reach ``end``?"""
-        chunks = self._leftover.get(key)
-        return bool(chunks) and chunks is not None and chunks[-1].last >= end - 1
+        held = self._leftover.get(key)
+        return held is not None and len(held) > 0 and held.last >= end - 1
 
     def _resume(self, consumer: Any, keys: Sequence[Key]) -> None:
         from confluent_kafka import TopicPartition
@@ -759,13 +759,13 @@ class _RangeRead:
         leftover = self.source._leftover
         end = self.pending.get(key)
         if end is None:  # not wanted by this read, or already complete
-            leftover.setdefault(key, []).append(chunk)
+            _hold(leftover, key, chunk)
             return
         head, tail = chunk.split(end)
         if head is not None:
             self.got[key].append(head)
         if tail is not None:
-            leftover.setdefault(key, []).append(tail)
+            _hold(leftover, key, tail)
             del self.pending[key]
         elif chunk.last >= end - 1:
             del self.pending[key]
@@ -811,8 +811,8 @@ class _RangeRead:
         steady state, where a partition is paused rarely."""
         source = self.source
         limit = source._leftover_limit
-        full = [k for k, chunks in source._leftover.items()
-                if held(chunks) > limit and k not in self.pending and k not in source._paused]
+        full = [k for k, held in source._leftover.items()
+                if len(held) > limit and k not in self.pending and k not in source._paused]
         source._pause(self.consumer, full)
 
     def on_error(self, m: Any, err: Any) -> None:
@@ -870,6 +870,14 @@ def _no_cyclic_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _hold(leftover: dict[Key, Backlog], key: Key, chunk: Chunk) -> None:
+    """Keep ``chunk`` of partition ``key`` for a later read."""
+    held = leftover.get(key)
+    if held is None:
+        held = leftover[key] = Backlog()
+    held.append(chunk)
 
 
 def _split_events(msgs: list[Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -127,9 +127,33 @@ def _offsets(msgs: list[Any], a: int, b: int) -> np.ndarray:
     return np.fromiter(map(_Message.offset, msgs[a:b]), dtype=np.int64, count=b - a)
 
 
-def held(chunks: Sequence[Chunk]) -> int:
-    """How many records ``chunks`` hold."""
-    return sum(map(len, chunks))
+class Backlog:
+    """Records of one partition held for later reads: chunks in offset order.
+
+    ``len()`` counts records (not chunks); ``last`` is the last held offset.
+    """
+
+    __slots__ = ("chunks", "records")
+
+    def __init__(self) -> None:
+        self.chunks: list[Chunk] = []
+        self.records = 0
+
+    def append(self, chunk: Chunk) -> None:
+        """Hold ``chunk`` after what is held (its offsets follow theirs)."""
+        self.chunks.append(chunk)
+        self.records += len(chunk)
+
+    def __len__(self) -> int:
+        return self.records
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return iter(self.chunks)
+
+    @property
+    def last(self) -> int:
+        """The offset of the last held record."""
+        return self.chunks[-1].last
 
 
 def concat(chunks: Sequence[Chunk], fields: Fields) -> Chunk:
