@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-latency bench-kafka-latency bench-stateful bench-scale-out bench-peers soak crash-explore clean
+.PHONY: demo test lint bench bench-latency bench-kafka bench-kafka-latency bench-stateful bench-scale-out bench-peers soak crash-explore clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ bench: $(STAMP)
 # The fraud job's detection latency through a real Kafka broker (starts its own).
 bench-latency: $(STAMP)
 	$(BIN)/python -m benchmarks.fraud_latency $(ARGS)
+
+# The Kafka source against a raw confluent-kafka loop on the same topic, interleaved
+# (benchmarks/bench_kafka.py; starts its own broker).
+bench-kafka: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_kafka $(ARGS)
 
 # End-to-end latency broker -> Delta/Kafka sink at 50k ev/s, trigger 1s and back to back
 # (benchmarks/kafka_latency.py; starts its own broker).
