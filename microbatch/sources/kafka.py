@@ -458,8 +458,12 @@ class KafkaSource(Source):
                                 and not self._covers(k, e)])
         read = _RangeRead(self, consumer, ranges)
         for key in ranges:
-            for chunk in self._leftover.pop(key, ()):
-                read.take(key, chunk)
+            held = self._leftover.pop(key, None)
+            if held is not None:
+                for chunk in held:
+                    read.take(key, chunk)
+                if held.eof is not None:
+                    read.at_end(key, held.eof)
         read.run()
         for key, (_, e) in ranges.items():
             self._next[key] = max(e, read.resumed.get(key, e))
@@ -535,9 +539,8 @@ class KafkaSource(Source):
     def _build(self, per_part: dict[Key, list[Chunk]]) -> SourceBatch:
         """Decode every value in one call; add metadata; dead letters for bad values."""
         order = sorted(per_part)
-        parts_of = [concat(per_part[k], self._fields) if per_part[k] else None for k in order]
-        counts = [0 if c is None else len(c) for c in parts_of]
-        rec = concat([c for c in parts_of if c is not None], self._fields)
+        counts = [sum(map(len, per_part[k])) for k in order]
+        rec = concat([c for k in order for c in per_part[k]], self._fields)
         topics = np.repeat(np.array([k[0] for k in order], dtype=object), counts)
         parts = np.repeat(np.array([k[1] for k in order], dtype=np.int32), counts)
         values = rec.values
@@ -815,6 +818,26 @@ class _RangeRead:
                 if len(held) > limit and k not in self.pending and k not in source._paused]
         source._pause(self.consumer, full)
 
+    def at_end(self, key: Key, offset: int) -> None:
+        """The consumer reached the end of ``key`` at ``offset``: every record below it
+        was delivered. A read waiting for no more than that is complete.
+
+        NOTE: librdkafka reports an end once, until new records arrive; an end seen
+        while no read waited for ``key`` is kept with its held records, or a later
+        read of a range ending in a transaction marker (no record to wait for) would
+        wait for an end that never comes again.
+        """
+        end = self.pending.get(key)
+        if end is not None:
+            if offset >= end:
+                del self.pending[key]
+            return
+        leftover = self.source._leftover
+        held = leftover.get(key)
+        if held is None:
+            held = leftover[key] = Backlog()
+        held.eof = offset if held.eof is None else max(held.eof, offset)
+
     def on_error(self, m: Any, err: Any) -> None:
         """An event from the consumer: end of partition, lost offsets, or a broker error."""
         from confluent_kafka import KafkaError
@@ -822,8 +845,7 @@ class _RangeRead:
         key = (m.topic(), m.partition())
         code = err.code()
         if code == KafkaError._PARTITION_EOF:
-            if key in self.pending and m.offset() >= self.pending[key]:
-                del self.pending[key]
+            self.at_end(key, m.offset())
         elif code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
             if key not in self.pending:
                 self.source._next.pop(key, None)  # re-positioned when next needed

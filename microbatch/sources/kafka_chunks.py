@@ -130,14 +130,17 @@ def _offsets(msgs: list[Any], a: int, b: int) -> np.ndarray:
 class Backlog:
     """Records of one partition held for later reads: chunks in offset order.
 
-    ``len()`` counts records (not chunks); ``last`` is the last held offset.
+    ``len()`` counts records (not chunks); ``last`` is the last held offset;
+    ``eof``, when not ``None``, the offset at which the consumer reported the
+    end of the partition (every record below it was delivered).
     """
 
-    __slots__ = ("chunks", "records")
+    __slots__ = ("chunks", "eof", "records")
 
     def __init__(self) -> None:
         self.chunks: list[Chunk] = []
         self.records = 0
+        self.eof: int | None = None
 
     def append(self, chunk: Chunk) -> None:
         """Hold ``chunk`` after what is held (its offsets follow theirs)."""
