@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-latency bench-sinks bench-kafka-latency bench-stateful bench-scale-out bench-peers soak crash-explore clean
+.PHONY: demo test lint bench bench-latency bench-sinks bench-kafka bench-kafka-latency bench-stateful bench-scale-out bench-peers soak crash-explore clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ bench-latency: $(STAMP)
 # compares with the sinks of a git revision, interleaved (benchmarks/fraud_sinks.py).
 bench-sinks: $(STAMP)
 	$(BIN)/python -m benchmarks.fraud_sinks $(ARGS)
+# The Kafka source against a raw confluent-kafka loop on the same topic, interleaved
+# (benchmarks/bench_kafka.py; starts its own broker).
+bench-kafka: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_kafka $(ARGS)
 
 # End-to-end latency broker -> Delta/Kafka sink at 50k ev/s, trigger 1s and back to back
 # (benchmarks/kafka_latency.py; starts its own broker).

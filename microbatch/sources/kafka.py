@@ -40,6 +40,7 @@ Failure handling:
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import logging
@@ -64,6 +65,7 @@ from microbatch.sources.base import (
     empty_dead_letters,
 )
 from microbatch.sources.kafka_changelog import decode_debezium, decode_upsert
+from microbatch.sources.kafka_chunks import Backlog, Chunk, Fields, concat, to_chunks
 from microbatch.sources.kafka_decode import decode_values
 from microbatch.types import DataLossMode, KafkaFormat, StartingOffsets
 from sinks.changelog import CHANGE_TYPE
@@ -98,7 +100,6 @@ deep prefetch queue (measured: 2-5x the throughput of librdkafka's defaults)."""
 _RESERVED = ("bootstrap.servers", "enable.auto.commit", "enable.partition.eof",
              "auto.offset.reset", "group.id")
 _CONSUME_MAX = 100_000
-_second = operator.itemgetter(1)
 _POLL_S = 0.2
 _T = TypeVar("_T")
 
@@ -250,8 +251,8 @@ class KafkaSource(Source):
         self._lock = threading.Lock()
         self._next: dict[Key, int] = {}
         """Per assigned partition: where the consumer's stream continues."""
-        self._leftover: dict[Key, list[Any]] = {}
-        """Messages fetched past the end of the last read, for the next one."""
+        self._leftover: dict[Key, Backlog] = {}
+        """Records fetched past the end of the last read, for the next one."""
         self._paused: set[Key] = set()
         """Assigned partitions paused because more than ``_leftover_limit`` of their
         messages wait in ``_leftover``: librdkafka stops prefetching them (and drops
@@ -261,6 +262,15 @@ class KafkaSource(Source):
         self._latest: dict[Key, int] = {}
         self._position: dict[Key, int] = {}
         self.lost_records = 0
+
+    @functools.cached_property
+    def _fields(self) -> Fields:
+        """The record attributes a read keeps: what the metadata columns need."""
+        return Fields(
+            timestamps="timestamp" in self.metadata_columns,
+            keys="key" in self.metadata_columns or self.format == "upsert",
+            headers="headers" in self.metadata_columns,
+        )
 
     # ------------------------------------------------------------------ identity
 
@@ -438,8 +448,8 @@ class KafkaSource(Source):
             per_part = self._fetch(ranges)
             return self._build(per_part)
 
-    def _fetch(self, ranges: dict[Key, tuple[int, int]]) -> dict[Key, list[Any]]:
-        """Consume each range; messages per partition, in offset order."""
+    def _fetch(self, ranges: dict[Key, tuple[int, int]]) -> dict[Key, list[Chunk]]:
+        """Consume each range; records per partition, in offset order."""
         consumer, _ = self._clients()
         stale = {k: s for k, (s, _) in ranges.items() if self._next.get(k) != s}
         if stale:
@@ -448,7 +458,12 @@ class KafkaSource(Source):
                                 and not self._covers(k, e)])
         read = _RangeRead(self, consumer, ranges)
         for key in ranges:
-            read.take(key, self._leftover.pop(key, []))
+            held = self._leftover.pop(key, None)
+            if held is not None:
+                for chunk in held:
+                    read.take(key, chunk)
+                if held.eof is not None:
+                    read.at_end(key, held.eof)
         read.run()
         for key, (_, e) in ranges.items():
             self._next[key] = max(e, read.resumed.get(key, e))
@@ -483,9 +498,9 @@ class KafkaSource(Source):
             self._paused.update(keys)
 
     def _covers(self, key: Key, end: int) -> bool:
-        """Do the messages held for ``key`` reach ``end``?"""
+        """Do the records held for ``key`` reach ``end``?"""
         held = self._leftover.get(key)
-        return bool(held) and held is not None and held[-1].offset() >= end - 1
+        return held is not None and len(held) > 0 and held.last >= end - 1
 
     def _resume(self, consumer: Any, keys: Sequence[Key]) -> None:
         from confluent_kafka import TopicPartition
@@ -521,47 +536,44 @@ class KafkaSource(Source):
         self.lost_records += records
         log.warning("kafka %s: skipping lost records: %s", ",".join(self.topics), what)
 
-    def _build(self, per_part: dict[Key, list[Any]]) -> SourceBatch:
+    def _build(self, per_part: dict[Key, list[Chunk]]) -> SourceBatch:
         """Decode every value in one call; add metadata; dead letters for bad values."""
         order = sorted(per_part)
-        msgs = [m for k in order for m in per_part[k]]
-        counts = [len(per_part[k]) for k in order]
+        counts = [sum(map(len, per_part[k])) for k in order]
+        rec = concat([c for k in order for c in per_part[k]], self._fields)
         topics = np.repeat(np.array([k[0] for k in order], dtype=object), counts)
         parts = np.repeat(np.array([k[1] for k in order], dtype=np.int32), counts)
-        values = list(map(_Message.value, msgs))
-        keys: list[bytes | None] | None = None
+        values = rec.values
+        keys: list[bytes | None] | None = rec.keys
         if self.format == "debezium-json":
             assert self.value_schema is not None
             decoded = decode_debezium(values, self.value_schema)
         elif self.format == "upsert":
             assert self.value_schema is not None
-            keys = list(map(_Message.key, msgs))
+            assert keys is not None
             decoded = decode_upsert(keys, values, self.value_schema, self.key_columns)
         else:
             decoded = decode_values(values, format=self.format, schema=self.value_schema)
         good = decoded.good
-        offsets: np.ndarray | None = None
-        if "offset" in self.metadata_columns or decoded.bad:
-            offsets = np.fromiter(map(_Message.offset, msgs), dtype=np.int64, count=len(msgs))
+        offsets = rec.offsets
         cols: list[pl.Series] = []
         for name in self.metadata_columns:
             if name == "key":
-                keys = list(map(_Message.key, msgs)) if keys is None else keys
                 cols.append(pl.Series("key", keys, dtype=pl.Binary)[good])
             elif name == "topic":
                 cols.append(pl.Series("topic", topics[good].tolist(), dtype=pl.String))
             elif name == "partition":
                 cols.append(pl.Series("partition", parts[good], dtype=pl.Int32))
             elif name == "offset":
-                assert offsets is not None
                 cols.append(pl.Series("offset", offsets[good], dtype=pl.Int64))
             elif name == "timestamp":
-                ts = np.fromiter(map(_second, map(_Message.timestamp, msgs)), dtype=np.int64,
-                                 count=len(msgs))
-                cols.append(pl.Series("timestamp", ts[good]).cast(pl.Datetime("ms", "UTC")))
+                assert rec.timestamps is not None
+                cols.append(
+                    pl.Series("timestamp", rec.timestamps[good]).cast(pl.Datetime("ms", "UTC"))
+                )
             elif name == "headers":
-                heads = [
-                    [{"key": hk, "value": hv} for hk, hv in (m.headers() or [])] for m in msgs
+                heads = [  # off by default: a Python loop per record
+                    [{"key": hk, "value": hv} for hk, hv in (h or [])] for h in rec.headers or ()
                 ]
                 series = pl.Series("headers", heads, dtype=METADATA_TYPES["headers"])
                 cols.append(series[good])
@@ -574,7 +586,6 @@ class KafkaSource(Source):
             )
         letters = empty_dead_letters()
         if decoded.bad:
-            assert offsets is not None
             idx = [i for i, _ in decoded.bad]
             letters = pl.DataFrame(
                 {
@@ -735,7 +746,7 @@ class _RangeRead:
         self.source = source
         self.consumer = consumer
         self.ranges = ranges
-        self.got: dict[Key, list[Any]] = {k: [] for k in ranges}
+        self.got: dict[Key, list[Chunk]] = {k: [] for k in ranges}
         self.pending: dict[Key, int] = {k: e for k, (_, e) in ranges.items()}
         self.resumed: dict[Key, int] = {}
         """Partitions whose stream was moved past a lost range (``skip``)."""
@@ -744,44 +755,51 @@ class _RangeRead:
     def position(self, key: Key) -> int:
         """The next offset of ``key`` this read waits for."""
         got = self.got[key]
-        return got[-1].offset() + 1 if got else self.resumed.get(key, self.ranges[key][0])
+        return got[-1].last + 1 if got else self.resumed.get(key, self.ranges[key][0])
 
-    def take(self, key: Key, msgs: list[Any]) -> None:
-        """Keep ``msgs`` (one partition, offset order) up to the end; the rest is left over."""
-        if not msgs:
-            return
+    def take(self, key: Key, chunk: Chunk) -> None:
+        """Keep ``chunk`` (one partition) up to the end; the rest is left over."""
         leftover = self.source._leftover
         end = self.pending.get(key)
         if end is None:  # not wanted by this read, or already complete
-            leftover.setdefault(key, []).extend(msgs)
+            _hold(leftover, key, chunk)
             return
-        cut = _cut(msgs, end)
-        self.got[key].extend(msgs[:cut])
-        if cut < len(msgs):
-            leftover.setdefault(key, []).extend(msgs[cut:])
+        head, tail = chunk.split(end)
+        if head is not None:
+            self.got[key].append(head)
+        if tail is not None:
+            _hold(leftover, key, tail)
             del self.pending[key]
-        elif msgs[-1].offset() >= end - 1:
+        elif chunk.last >= end - 1:
             del self.pending[key]
 
     def run(self) -> None:
         """Consume until every partition reached its end (or fail after the timeout)."""
         progress_at = time.monotonic()
+        consume = self.consumer.consume
         while self.pending:
-            want = sum(e - self.position(k) for k, e in self.pending.items())
-            msgs = self.consumer.consume(max(1, min(want, _CONSUME_MAX)), timeout=_POLL_S)
+            # NOTE: first take what the consumer already holds, without waiting, in
+            # one large call: asking only for what this read still needs (``want``)
+            # made thousands of tiny calls when another partition's prefetched
+            # messages (kept for the next read) filled the queue ahead of them
+            msgs = consume(_CONSUME_MAX, timeout=0)
+            if not msgs:  # nothing held: wait for at most what this read needs
+                want = sum(e - self.position(k) for k, e in self.pending.items())
+                msgs = consume(max(1, min(want, _CONSUME_MAX)), timeout=_POLL_S)
             if not msgs:
                 if time.monotonic() - progress_at > self.source.broker_timeout_s:
                     self.stalled()
                 continue
             progress_at = time.monotonic()
-            errors = list(map(_Message.error, msgs))
-            # NOTE: not errors.count(None): KafkaError.__eq__(None) leaves a TypeError set
             events: list[tuple[Any, Any]] = []
-            if any(map(operator.is_not, errors, itertools.repeat(None))):  # events: rare
-                events = [(m, err) for m, err in zip(msgs, errors, strict=True) if err is not None]
-                msgs = [m for m, err in zip(msgs, errors, strict=True) if err is None]
-            for key, run in _runs(msgs, multi_topic=len(self.source.topics) > 1):
-                self.take(key, run)
+            # NOTE: not errors.count(None): KafkaError.__eq__(None) leaves a TypeError set;
+            # a KafkaError is always true (no __bool__ or __len__), so any() is one C pass
+            if any(map(_Message.error, msgs)):  # events: rare, so no loop over the data
+                msgs, events = _split_events(msgs)
+            for key, chunk in to_chunks(msgs, self.source._fields,
+                                        multi_topic=len(self.source.topics) > 1):
+                self.take(key, chunk)
+            del msgs  # NOTE: the Message objects go now, before the next consume()
             # NOTE: events after the data: a partition's end-of-partition event follows
             # its messages in the queue, often in the same consume() result
             for m, err in events:
@@ -800,6 +818,26 @@ class _RangeRead:
                 if len(held) > limit and k not in self.pending and k not in source._paused]
         source._pause(self.consumer, full)
 
+    def at_end(self, key: Key, offset: int) -> None:
+        """The consumer reached the end of ``key`` at ``offset``: every record below it
+        was delivered. A read waiting for no more than that is complete.
+
+        NOTE: librdkafka reports an end once, until new records arrive; an end seen
+        while no read waited for ``key`` is kept with its held records, or a later
+        read of a range ending in a transaction marker (no record to wait for) would
+        wait for an end that never comes again.
+        """
+        end = self.pending.get(key)
+        if end is not None:
+            if offset >= end:
+                del self.pending[key]
+            return
+        leftover = self.source._leftover
+        held = leftover.get(key)
+        if held is None:
+            held = leftover[key] = Backlog()
+        held.eof = offset if held.eof is None else max(held.eof, offset)
+
     def on_error(self, m: Any, err: Any) -> None:
         """An event from the consumer: end of partition, lost offsets, or a broker error."""
         from confluent_kafka import KafkaError
@@ -807,8 +845,7 @@ class _RangeRead:
         key = (m.topic(), m.partition())
         code = err.code()
         if code == KafkaError._PARTITION_EOF:
-            if key in self.pending and m.offset() >= self.pending[key]:
-                del self.pending[key]
+            self.at_end(key, m.offset())
         elif code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
             if key not in self.pending:
                 self.source._next.pop(key, None)  # re-positioned when next needed
@@ -857,40 +894,25 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _runs(msgs: list[Any], *, multi_topic: bool) -> list[tuple[Key, list[Any]]]:
-    """Split consumed messages into runs of one partition (librdkafka delivers
-    each fetched partition batch contiguously), without a Python loop per message."""
-    if not msgs:
-        return []
-    parts = np.fromiter(map(_Message.partition, msgs), dtype=np.int64, count=len(msgs))
-    change = parts[1:] != parts[:-1]
-    topics: list[str] | None = None
-    if multi_topic:
-        topics = [str(t) for t in map(_Message.topic, msgs)]
-        names = np.array(topics, dtype=object)
-        change |= names[1:] != names[:-1]
-    else:
-        topics = [msgs[0].topic()]
-    bounds = [0, *(np.flatnonzero(change) + 1).tolist(), len(msgs)]
-    out = []
-    for a, b in itertools.pairwise(bounds):
-        topic = topics[a] if multi_topic else topics[0]
-        out.append(((topic, int(parts[a])), msgs[a:b]))
-    return out
+def _hold(leftover: dict[Key, Backlog], key: Key, chunk: Chunk) -> None:
+    """Keep ``chunk`` of partition ``key`` for a later read."""
+    held = leftover.get(key)
+    if held is None:
+        held = leftover[key] = Backlog()
+    held.append(chunk)
 
 
-def _cut(msgs: list[Any], end: int) -> int:
-    """How many of ``msgs`` (in offset order) have offsets below ``end`` (binary search)."""
-    lo, hi = 0, len(msgs)
-    if hi and msgs[-1].offset() < end:
-        return hi
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if msgs[mid].offset() < end:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+def _split_events(msgs: list[Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """``consume()``'s result as its data messages and its events (message, error),
+    each in order, with Python code per event only."""
+    errors = list(map(_Message.error, msgs))
+    at = np.flatnonzero(np.fromiter(map(operator.is_not, errors, itertools.repeat(None)),
+                                    dtype=bool, count=len(msgs)))
+    events = [(msgs[i], errors[i]) for i in at.tolist()]
+    bounds = [-1, *at.tolist(), len(msgs)]
+    data = list(itertools.chain.from_iterable(
+        msgs[a + 1:b] for a, b in itertools.pairwise(bounds)))
+    return data, events
 
 
 def _cap(begin: dict[Key, int], end: dict[Key, int], cap: int) -> dict[Key, int]:

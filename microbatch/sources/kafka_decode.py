@@ -26,9 +26,12 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, cast
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from microbatch.sources.decoding import DECODE_ERRORS, bisect_bad, conform
 from microbatch.types import KafkaFormat
@@ -65,7 +68,7 @@ def decode_values(
         return Decoded(schema.to_frame(), everything, [])
     bad: list[tuple[int, str]] = []
     index = everything
-    if values.count(None) or values.count(b""):  # C-speed counts; the scan runs only if needed
+    if not all(values):  # one C-speed pass (None and b"" are false); the scan runs if needed
         empty = [i for i, v in enumerate(values) if not v]
         bad.extend(
             (i, "empty value" if values[i] is not None else "null value (tombstone)")
@@ -74,7 +77,9 @@ def decode_values(
         keep = np.ones(n, dtype=bool)
         keep[empty] = False
         index = everything[keep]
-    raw = [v for v in values if v]  # the empty and null values were set aside above
+        raw = [v for v in values if v]  # the empty and null values set aside above
+    else:
+        raw = cast("list[bytes]", values)  # no null or empty value: no copy needed
     if not raw:
         return Decoded(schema.to_frame(), index[:0], sorted(bad))
     buf = b"\n".join(raw)
@@ -120,14 +125,42 @@ def _fast_datetimes(frame: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
         if not isinstance(dtype, pl.Datetime) or frame.schema.get(name) != pl.String:
             continue
         text = frame.get_column(name)
-        parsed = text.str.to_datetime("%+", time_unit=dtype.time_unit or "us",
-                                      time_zone="UTC", strict=False)
-        if parsed.null_count() != text.null_count():
-            continue
+        unit = dtype.time_unit or "us"
+        parsed = rfc3339_datetimes(text, unit)
+        if parsed is None:
+            parsed = text.str.to_datetime("%+", time_unit=unit, time_zone="UTC", strict=False)
+            if parsed.null_count() != text.null_count():
+                continue
         tz = dtype.time_zone
         parsed = parsed.dt.convert_time_zone(tz) if tz else parsed.dt.replace_time_zone(None)
         replaced.append(parsed.alias(name))
     return frame.with_columns(replaced) if replaced else frame
+
+
+TimeUnit = Literal["ms", "us", "ns"]
+_RFC3339 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:\d{2})$"
+"""The one shape :func:`rfc3339_datetimes` parses: date, ``T``, time, an optional
+fraction, then ``Z`` or a ``+hh:mm`` offset (what JSON producers write)."""
+
+
+def rfc3339_datetimes(text: pl.Series, unit: TimeUnit) -> pl.Series | None:
+    """UTC datetimes of ``text`` when every non-null value has the RFC 3339 shape
+    and Arrow's ISO-8601 cast parses it exactly (no precision lost), else ``None``.
+
+    The same instants as Polars' ``str.to_datetime("%+")`` for these strings
+    (tested), at several times its speed on distinct values: Polars' parser is
+    the slow part of decoding JSON events with a timestamp.
+    """
+    shaped = text.str.contains(_RFC3339).sum()
+    if shaped != text.len() - text.null_count():
+        return None
+    try:
+        parsed = pc.cast(text.to_arrow().cast(pa.large_string()), pa.timestamp(unit, "UTC"))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    series = pl.from_arrow(parsed)
+    assert isinstance(series, pl.Series)
+    return series.alias(text.name)
 
 
 class _JsonParser:

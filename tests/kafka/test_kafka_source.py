@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka_helpers import Broker, consume_all, produce, produce_json, run_with_kills
 
 import microbatch as mb
@@ -133,6 +136,68 @@ def test_a_paused_partition_read_again_from_an_earlier_offset_delivers(
         again = src.read(start, end).data  # moves every partition back, the paused one too
         assert again.equals(first)
         assert time.monotonic() - t0 < 10
+    finally:
+        src.close()
+
+
+def _transactional(bootstrap: str, topic: str, batches: list[tuple[list[int], bool]]) -> None:
+    """Write each batch of event ids (partition = id % 2) in a transaction, committed
+    or aborted: every commit and abort leaves a marker, every aborted record an offset
+    that read_committed never shows (gaps in the offsets a read sees)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": topic})
+    producer.init_transactions(30)
+    for ids, commit in batches:
+        producer.begin_transaction()
+        for i in ids:
+            producer.produce(topic, json.dumps(events(1, i)[0]).encode(), partition=i % 2)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+
+
+def test_offset_gaps_read_exactly_in_random_batches(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """Transaction markers and aborted records leave gaps in a partition's offsets:
+    any split of the offsets into consecutive ranges (hypothesis) reads every
+    committed record once, in its range, with the offset and timestamp the broker
+    gives a plain consumer (the oracle)."""
+    topic = new_topic(2)
+    _transactional(bootstrap, topic, [(list(range(i * 40, i * 40 + 40)), i % 3 != 1)
+                                      for i in range(6)])
+    oracle = {(m.partition(), m.offset()): (json.loads(m.value())["event_id"], m.timestamp()[1])
+              for m in consume_all(bootstrap, topic)}
+    assert len(oracle) == 160  # two of six transactions aborted
+    src = opened(KafkaSource(topic, bootstrap=bootstrap, schema=SCHEMA,
+                             metadata_columns=("partition", "offset", "timestamp")))
+    try:
+        ends = src.latest_offset(src.initial_offset())
+        high = [ends[f"{topic}:{p}"] for p in range(2)]
+        assert high[0] > 80, "no gaps: the markers are missing"
+
+        @settings(max_examples=12, deadline=None)
+        @given(cuts=st.lists(st.tuples(st.integers(0, high[0]), st.integers(0, high[1])),
+                             max_size=5))
+        def split(cuts: list[tuple[int, int]]) -> None:
+            bounds = [(0, 0), *sorted(cuts), (high[0], high[1])]
+            bounds = [tuple(max(b[p] for b in bounds[: i + 1]) for p in range(2))
+                      for i in range(len(bounds))]
+            seen: dict[tuple[int, int], tuple[int, int]] = {}
+            for a, b in itertools.pairwise(bounds):
+                got = src.read({f"{topic}:{p}": a[p] for p in range(2)},
+                               {f"{topic}:{p}": b[p] for p in range(2)}).data
+                for p, o, e, ts in got.select(
+                    "partition", "offset", "event_id", pl.col("timestamp").dt.epoch("ms")
+                ).iter_rows():
+                    assert a[p] <= o < b[p]
+                    assert (p, o) not in seen
+                    seen[(p, o)] = (e, ts)
+            assert seen == oracle
+
+        split()
     finally:
         src.close()
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import UTC, datetime
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from microbatch.exceptions import PlanError
 from microbatch.sources.kafka import KafkaSource, _cap
-from microbatch.sources.kafka_decode import decode_values
+from microbatch.sources.kafka_decode import TimeUnit, decode_values, rfc3339_datetimes
 
 SCHEMA = pl.Schema({"a": pl.Int64, "t": pl.Datetime("ms", "UTC"), "s": pl.String})
 
@@ -83,3 +86,47 @@ def test_cap_is_deterministic_largest_remainder() -> None:
     assert _cap({a: 0, b: 0, c: 0}, {a: 1, b: 1, c: 1}, 2) == {a: 1, b: 1, c: 0}
     capped = _cap({a: 5, b: 0}, {a: 6, b: 1000}, 10)
     assert capped[a] - 5 + capped[b] == 10
+
+
+_OFFSETS = st.one_of(
+    st.just("Z"),
+    st.builds(lambda sign, h, m: f"{sign}{h:02d}:{m:02d}",
+              st.sampled_from("+-"), st.integers(0, 23), st.integers(0, 59)),
+)
+_STAMP = st.builds(
+    lambda d, digits, frac, off, sep: (
+        d.strftime(f"%Y-%m-%d{sep}%H:%M:%S")
+        + (f".{frac:09d}"[: digits + 1] if digits else "") + off
+    ),
+    st.datetimes(datetime(1900, 1, 1), datetime(2250, 12, 31)),
+    st.integers(0, 9), st.integers(0, 999_999_999), _OFFSETS,
+    st.sampled_from(["T", "T", "T", " "]),  # a space: not the RFC 3339 shape
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(stamps=st.lists(st.one_of(_STAMP, st.none()), min_size=1, max_size=30),
+       unit=st.sampled_from(["ms", "us", "ns"]))
+def test_rfc3339_fast_path_equals_polars(stamps: list[str | None], unit: TimeUnit) -> None:
+    """The Arrow-cast datetimes are Polars' ``%+`` instants, whenever they are taken,
+    and they are taken for every RFC 3339 value of at most the unit's precision."""
+    text = pl.Series("t", stamps, dtype=pl.String)
+    ours = rfc3339_datetimes(text, unit)
+    polars = text.str.to_datetime("%+", time_unit=unit, time_zone="UTC", strict=False)
+    digits = {"ms": 3, "us": 6, "ns": 9}[unit]
+    if all(s is None or (s[10] == "T" and _fraction_digits(s) <= digits) for s in stamps):
+        assert ours is not None, stamps
+    if ours is not None:
+        assert ours.dtype == pl.Datetime(unit, "UTC")
+        assert ours.to_list() == polars.to_list(), stamps
+
+
+def _fraction_digits(stamp: str) -> int:
+    _, dot, rest = stamp.partition(".")
+    return len(list(itertools.takewhile(str.isdigit, rest))) if dot else 0
+
+
+def test_rfc3339_fast_path_refuses_other_shapes() -> None:
+    for stamp in ("2026-01-01 00:00:00Z", "2026-01-01", "2026-01-01T00:00:00",
+                  "2026-01-01T00:00:60Z", "2026-01-01T00:00:00z", "nope"):
+        assert rfc3339_datetimes(pl.Series([stamp]), "ms") is None, stamp
