@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 
 import polars as pl
 
@@ -43,8 +44,11 @@ class Query:
     build: Callable[[Streams, NexmarkConfig], mb.Stream]
     oracle: Callable[[Frames, NexmarkConfig], pl.LazyFrame]
     output_mode: str = "append"
-    sql: str | None = None
+    sql: Callable[[NexmarkConfig], str] | None = None
     """The query in ``mb.sql`` over tables ``person``, ``auction``, ``bid``."""
+    processing_time: bool = False
+    """The SQL form's ``bid`` table carries ``p_time``, the batch's processing time
+    (Flink's ``PROCTIME()`` view in q12)."""
     note: str = ""
     """How the query maps onto this engine, where it is not the reference's SQL."""
     compare: Callable[[pl.DataFrame, pl.DataFrame], str | None] | None = None
@@ -55,7 +59,8 @@ class Query:
 
     def source_for_sql(self, name: str, make: Callable[[], mb.Stream]) -> mb.Stream:
         """The stream registered as table ``name`` for :attr:`sql`."""
-        return make().with_watermark("dateTime", WATERMARK_DELAY)
+        stream = make().with_watermark("dateTime", WATERMARK_DELAY)
+        return stream.with_processing_time("p_time") if self.processing_time else stream
 
 
 def _bids(s: Streams) -> mb.Stream:
@@ -86,14 +91,16 @@ def q0_oracle(f: Frames, cfg: NexmarkConfig) -> pl.LazyFrame:
     return f[BID].select("auction", "bidder", "price", "dateTime", "extra")
 
 
+EURO = pl.col("price") * pl.lit(Decimal("0.908"))
+"""Dollars to euros, exact: a decimal with 3 places, as Flink's ``DECIMAL(23, 3)``."""
+
+
 def q1(s: Streams, cfg: NexmarkConfig) -> mb.Stream:
-    return _bids(s).select("auction", "bidder", (pl.col("price") * 0.908).alias("price"),
-                           "dateTime", "extra")
+    return _bids(s).select("auction", "bidder", EURO.alias("price"), "dateTime", "extra")
 
 
 def q1_oracle(f: Frames, cfg: NexmarkConfig) -> pl.LazyFrame:
-    return f[BID].select("auction", "bidder", (pl.col("price") * 0.908).alias("price"),
-                         "dateTime", "extra")
+    return f[BID].select("auction", "bidder", EURO.alias("price"), "dateTime", "extra")
 
 
 def q2(s: Streams, cfg: NexmarkConfig) -> mb.Stream:
@@ -276,6 +283,39 @@ def q12_compare(out: pl.DataFrame, oracle: pl.DataFrame) -> str | None:
     return _diff(totals, oracle.with_columns(pl.col("bid_count").cast(pl.UInt32)))
 
 
+# --------------------------------------------------------------------------- SQL
+
+
+def _sql(text: str) -> Callable[[NexmarkConfig], str]:
+    return lambda cfg: text
+
+
+Q0_SQL = "SELECT auction, bidder, price, dateTime, extra FROM bid"
+Q1_SQL = "SELECT auction, bidder, 0.908 * price AS price, dateTime, extra FROM bid"
+Q2_SQL = "SELECT auction, price FROM bid WHERE MOD(auction, 123) = 0"
+
+
+def q3_sql(cfg: NexmarkConfig) -> str:
+    """Flink's q3 with the interval bounds of :func:`q3` in the join condition."""
+    back, ahead = cfg.person_reach_ms()
+    return f"""
+        SELECT P.name, P.city, P.state, A.id
+        FROM auction AS A JOIN person AS P ON A.seller = P.id
+          AND P.dateTime BETWEEN A.dateTime - INTERVAL '{int(back)}' MILLISECOND
+                             AND A.dateTime + INTERVAL '{int(ahead)}' MILLISECOND
+        WHERE A.category = 10 AND (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')"""
+
+
+Q11_SQL = """
+    SELECT bidder, COUNT(*) AS bid_count, window_start AS starttime, window_end AS endtime
+    FROM TABLE(SESSION(TABLE bid PARTITION BY bidder, DESCRIPTOR(dateTime), INTERVAL '10' SECOND))
+    GROUP BY bidder, window_start, window_end"""
+Q12_SQL = """
+    SELECT bidder, COUNT(*) AS bid_count, window_start AS starttime, window_end AS endtime
+    FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(p_time), INTERVAL '10' SECOND))
+    GROUP BY bidder, window_start, window_end"""
+
+
 def _diff(out: pl.DataFrame, oracle: pl.DataFrame) -> str | None:
     """None when ``out`` and ``oracle`` hold the same rows (as multisets), else why not."""
     cols = oracle.columns
@@ -298,10 +338,10 @@ def check(query: Query, out: pl.DataFrame, oracle: pl.DataFrame) -> str | None:
 
 
 QUERIES: dict[str, Query] = {q.name: q for q in (
-    Query("q0", "pass through", (BID,), q0, q0_oracle),
-    Query("q1", "currency conversion", (BID,), q1, q1_oracle),
-    Query("q2", "selection", (BID,), q2, q2_oracle),
-    Query("q3", "local item suggestion", (AUCTION, PERSON), q3, q3_oracle,
+    Query("q0", "pass through", (BID,), q0, q0_oracle, sql=_sql(Q0_SQL)),
+    Query("q1", "currency conversion", (BID,), q1, q1_oracle, sql=_sql(Q1_SQL)),
+    Query("q2", "selection", (BID,), q2, q2_oracle, sql=_sql(Q2_SQL)),
+    Query("q3", "local item suggestion", (AUCTION, PERSON), q3, q3_oracle, sql=q3_sql,
           note="Flink's unbounded join (state forever) as an interval join whose bounds "
                "cover every person an auction can name (the generator's 1,000 active "
                "people and 10-person lead): equal to the unbounded join on this data"),
@@ -319,8 +359,9 @@ QUERIES: dict[str, Query] = {q.name: q for q in (
                "where Flink's BETWEEN also takes a bid at exactly window_end"),
     Query("q8", "monitor new users", (PERSON, AUCTION), q8, q8_oracle,
           note="join of two tumbling-window aggregations per window"),
-    Query("q11", "user sessions", (BID,), q11, q11_oracle),
+    Query("q11", "user sessions", (BID,), q11, q11_oracle, sql=_sql(Q11_SQL)),
     Query("q12", "processing-time windows", (BID,), q12, q12_oracle, compare=q12_compare,
+          sql=_sql(Q12_SQL), processing_time=True,
           note="processing-time windows (the batch's recorded time); checked as: every "
                "window 10 s, counts per bidder add up to the one-shot count"),
 )}

@@ -59,7 +59,7 @@ def run_engine(query: Query, ds: NexmarkDataset, checkpoint: Path, *,
     if form == "sql":
         if query.sql is None:
             raise ValueError(f"{query.name} has no SQL form")
-        stream = mb.sql(query.sql, **{name: query.source_for_sql(name, make)
+        stream = mb.sql(query.sql(ds.config), **{name: query.source_for_sql(name, make)
                                       for name, make in streams.items()})
     else:
         stream = query.build(streams, ds.config)
