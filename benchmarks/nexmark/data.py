@@ -53,8 +53,7 @@ class NexmarkDataset:
     def ensure(self) -> NexmarkDataset:
         """Write the files unless a complete copy is there already; returns self."""
         marker = self.path / _MARKER
-        spec = {"events": self.events, "events_per_file": self.events_per_file,
-                "config": asdict(self.config)}
+        spec = self.spec()
         if marker.exists() and json.loads(marker.read_text()) == spec:
             return self
         shutil.rmtree(self.path, ignore_errors=True)
@@ -72,6 +71,23 @@ class NexmarkDataset:
                 os.utime(out, (mtime + i, mtime + i))
         marker.write_text(json.dumps(spec))
         return self
+
+    def spec(self) -> dict[str, object]:
+        """What the marker file records (and the Spark worker reads: it imports
+        neither the engine nor the generator)."""
+        return {"events": self.events, "events_per_file": self.events_per_file,
+                "config": asdict(self.config),
+                "person_reach_ms": list(self.config.person_reach_ms())}
+
+    @classmethod
+    def load(cls, path: Path) -> NexmarkDataset:
+        """The dataset written at ``path`` (by :meth:`ensure`)."""
+        spec = json.loads((path / _MARKER).read_text())
+        ds = cls(int(spec["events"]), int(spec["events_per_file"]),
+                 NexmarkConfig(**spec["config"]), root=path.parent)
+        if ds.path != path:
+            raise ValueError(f"{path} does not hold the dataset its marker describes")
+        return ds
 
     def scan(self, stream: str) -> pl.LazyFrame:
         """Every event of ``stream``, in event order."""

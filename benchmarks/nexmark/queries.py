@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
+from typing import Literal
 
 import polars as pl
 
@@ -43,7 +44,7 @@ class Query:
     inputs: tuple[str, ...]
     build: Callable[[Streams, NexmarkConfig], mb.Stream]
     oracle: Callable[[Frames, NexmarkConfig], pl.LazyFrame]
-    output_mode: str = "append"
+    output_mode: Literal["append", "update"] = "append"
     sql: Callable[[NexmarkConfig], str] | None = None
     """The query in ``mb.sql`` over tables ``person``, ``auction``, ``bid``."""
     processing_time: bool = False
@@ -59,8 +60,9 @@ class Query:
 
     def source_for_sql(self, name: str, make: Callable[[], mb.Stream]) -> mb.Stream:
         """The stream registered as table ``name`` for :attr:`sql`."""
-        stream = make().with_watermark("dateTime", WATERMARK_DELAY)
-        return stream.with_processing_time("p_time") if self.processing_time else stream
+        if self.processing_time:
+            return make().with_processing_time("p_time")
+        return make().with_watermark("dateTime", WATERMARK_DELAY)
 
 
 def _bids(s: Streams) -> mb.Stream:
@@ -264,7 +266,10 @@ def q11_oracle(f: Frames, cfg: NexmarkConfig) -> pl.LazyFrame:
 
 
 def q12(s: Streams, cfg: NexmarkConfig) -> mb.Stream:
-    return _bids(s).with_processing_time("p_time").group_by(
+    # NOTE: without the event-time watermark on dateTime (which q12 does not use):
+    # with both, the end-of-input flush was skipped when the first batch was
+    # empty, and the open processing-time windows were never emitted.
+    return s[BID]().with_processing_time("p_time").group_by(
         mb.window("p_time", "10s"), "bidder").agg(pl.len().alias("bid_count")).select(
         "bidder", "bid_count", pl.col("window_start").alias("starttime"),
         pl.col("window_end").alias("endtime"))
@@ -279,6 +284,8 @@ def q12_compare(out: pl.DataFrame, oracle: pl.DataFrame) -> str | None:
     windows are 10 s, aligned, and their counts add up to each bidder's bids."""
     if out.height and not (out["endtime"] - out["starttime"] == timedelta(seconds=10)).all():
         return "a processing-time window is not 10 s long"
+    if out.width == 0:
+        return f"no output, oracle {oracle.height:,} rows"
     totals = out.group_by("bidder").agg(pl.col("bid_count").sum().cast(pl.UInt32))
     return _diff(totals, oracle.with_columns(pl.col("bid_count").cast(pl.UInt32)))
 
@@ -319,9 +326,11 @@ Q12_SQL = """
 def _diff(out: pl.DataFrame, oracle: pl.DataFrame) -> str | None:
     """None when ``out`` and ``oracle`` hold the same rows (as multisets), else why not."""
     cols = oracle.columns
+    if out.width == 0:
+        return f"no output, oracle {oracle.height:,} rows"
     if sorted(out.columns) != sorted(cols):
         return f"columns {out.columns} != oracle's {cols}"
-    a = out.select(cols).cast(dict(oracle.schema), strict=False).sort(cols, nulls_last=True)
+    a = out.select(cols).cast(oracle.schema, strict=False).sort(cols, nulls_last=True)
     b = oracle.sort(cols, nulls_last=True)
     if a.height != b.height:
         return f"{a.height:,} rows, oracle {b.height:,}"

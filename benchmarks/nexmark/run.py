@@ -6,15 +6,28 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import polars as pl
 
 import microbatch as mb
-from benchmarks.nexmark.data import NexmarkDataset
+from benchmarks.nexmark.generator import NexmarkConfig
 from benchmarks.nexmark.queries import Query, Streams, check
 
 Form = Literal["python", "sql"]
+
+
+class EventDirs(Protocol):
+    """Where each stream's Parquet files are (:class:`~benchmarks.nexmark.data.NexmarkDataset`)."""
+
+    @property
+    def config(self) -> NexmarkConfig: ...
+
+    def stream_dir(self, stream: str) -> Path: ...
+
+    def schema(self, stream: str) -> pl.Schema: ...
+
+    def scan(self, stream: str) -> pl.LazyFrame: ...
 
 
 @dataclass
@@ -26,7 +39,7 @@ class EngineRun:
     output: pl.DataFrame
 
 
-def streams_for(ds: NexmarkDataset, inputs: tuple[str, ...], files_per_batch: int) -> Streams:
+def streams_for(ds: EventDirs, inputs: tuple[str, ...], files_per_batch: int) -> Streams:
     """A fresh ``read_files`` stream per input, one file (of each stream) per batch."""
 
     def reader(name: str) -> Any:
@@ -48,7 +61,7 @@ def final_table(query: Query, parts: list[pl.DataFrame]) -> pl.DataFrame:
     return out.drop("_batch")
 
 
-def run_engine(query: Query, ds: NexmarkDataset, checkpoint: Path, *,
+def run_engine(query: Query, ds: EventDirs, checkpoint: Path, *,
                files_per_batch: int = 1, form: Form = "python") -> EngineRun:
     """Run ``query`` over every file of ``ds`` (available-now, every window flushed at
     the end) into an in-memory sink that keeps the batches' frames (no copy, as
@@ -71,7 +84,7 @@ def run_engine(query: Query, ds: NexmarkDataset, checkpoint: Path, *,
     return EngineRun(seconds, len(parts), final_table(query, parts))
 
 
-def run_oracle(query: Query, ds: NexmarkDataset) -> tuple[float, pl.DataFrame]:
+def run_oracle(query: Query, ds: EventDirs) -> tuple[float, pl.DataFrame]:
     """Seconds of the one-shot Polars computation over every event, and its result."""
     t0 = time.perf_counter()
     frames = {name: ds.scan(name) for name in query.inputs}
