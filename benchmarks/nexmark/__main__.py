@@ -173,6 +173,9 @@ def render(results: dict[str, dict[str, dict[str, Any]]], ds: NexmarkDataset,
     for name in results:
         if QUERIES[name].note:
             lines.append(f"- {name}: {QUERIES[name].note}")
+    if results.get("q11", {}).get("spark", {}).get("warm"):
+        lines.append("- Spark q11: Spark emits no window still open at the end of an "
+                     "available-now run; an empty output there means every session was open.")
     for engine, why in skipped.items():
         lines.append(f"- {engine} skipped: {why}")
     return "\n".join(lines)
