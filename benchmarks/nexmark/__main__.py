@@ -50,9 +50,9 @@ DEFAULT_PEERS = HERE.parent / ".venv-peers" / "bin" / "python"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.nexmark", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--events-per-file", type=int, default=200_000,
-                        help="events per file and per batch (default 200,000: 10 batches)")
+                        help="events per file and per batch (default 200,000: 5 batches)")
     parser.add_argument("--rate", type=int, default=NexmarkConfig.rate,
                         help="events per second of event time (reference suite: 10M)")
     parser.add_argument("--queries", default=",".join(QUERIES),
