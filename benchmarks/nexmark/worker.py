@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import peak_rss_mb
+
 
 def _cpu_self() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_ours(args.engine, args.query, args.data, args.workdir,
                           args.files_per_batch)
     result["process_s"] = time.perf_counter() - t0
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["peak_rss_mb"] = peak_rss_mb()
     args.result.write_text(json.dumps(result))
     return 0
 
