@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-latency bench-sinks bench-kafka bench-kafka-latency bench-stateful bench-scale-out bench-peers soak crash-explore clean
+.PHONY: demo test lint bench bench-latency bench-sinks bench-kafka bench-kafka-latency bench-stateful bench-scale-out bench-peers bench-nexmark soak crash-explore clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,14 @@ bench-peers:
 	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench]' || true
 	$(BENCH_VENV)/bin/python -m benchmarks.compare --install $(ARGS)
+
+# Nexmark q0-q12 (benchmarks/nexmark/): this engine (Python API and SQL), Spark Structured
+# Streaming (from the peers venv, made as bench-peers makes it) and one-shot Polars, every
+# output checked; ARGS="--events N --queries q1,q5 --engines microbatch,polars".
+bench-nexmark: $(STAMP)
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench]' || true
+	$(BIN)/python -m benchmarks.nexmark --peers-python $(BENCH_VENV)/bin/python $(ARGS)
 
 # The crash soak, not part of make test (scripts/crash_soak.py): 1,000 SIGKILLs at every
 # named lifecycle point and at random moments across file -> Delta, Kafka -> Kafka (exactly
