@@ -17,6 +17,7 @@ from microbatch.plan.aggregates import parse_aggregations
 from microbatch.plan.changelog_inputs import (
     changelog_filter,
     is_changelog_schema,
+    refuse_aggregate_of_updates,
     relabel_filtered,
     selects_change_types,
 )
@@ -2249,6 +2250,7 @@ class GroupedStream:
             for name, expr in named_aggs.items()
         )
         specs = tuple(parse_aggregations(aggs + named))
+        refuse_aggregate_of_updates(self._stream.plan, "group_by(...).agg(...)")
         if self._accumulation_mode == "discarding":
             assert not isinstance(self._window, SessionWindowSpec)  # refused by group_by
             return self._stream._with_plan(

@@ -14,6 +14,7 @@ are refused when the query is built.
 from __future__ import annotations
 
 import itertools
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -313,3 +314,19 @@ def test_an_upsert_topic_is_refused_under_a_group_by() -> None:
     with pytest.raises(mb.ChangelogInputError, match=r"no update_preimage.*debezium-json"):
         topic.group_by("g").agg(pl.len())
     topic.filter(pl.col("v") > 0)  # stateless steps are fine
+
+
+def test_an_aggregation_of_a_windowless_aggregations_updates_is_refused_when_built() -> None:
+    """A windowless group_by emits updates (a key's new value, again and again); a
+    second aggregation over them counted every update as a row (found by Nexmark q4:
+    sum of per-key maxima 27 instead of 20, 5 keys instead of 3). Refused at build;
+    a windowed first aggregation (final rows) may still be aggregated again."""
+    rows = pl.DataFrame({"k": [1, 1, 2, 1, 2, 3], "v": [1, 5, 2, 7, 9, 4],
+                         "ts": [datetime(2026, 1, 1, tzinfo=UTC)] * 6})
+    per_key = mb.read_memory(rows, schema=rows.schema).group_by("k").agg(
+        pl.col("v").max().alias("m"))
+    with pytest.raises(mb.ChangelogInputError, match=r"windowless group_by\(k\)"):
+        per_key.with_columns(g=pl.lit(1)).group_by("g").agg(pl.col("m").sum())
+    windowed = (mb.read_memory(rows, schema=rows.schema).with_watermark("ts", "1s")
+                .group_by(mb.window("ts", "1m"), "k").agg(pl.col("v").max().alias("m")))
+    windowed.group_by("window_start").agg(pl.col("m").sum())  # accepted
