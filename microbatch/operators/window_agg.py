@@ -61,6 +61,7 @@ from microbatch.operators.base import (
     late_reason,
 )
 from microbatch.operators.changes import CHANGE_TYPE, diff_rows, empty_changes
+from microbatch.operators.exact_partials import exact_window_partials
 from microbatch.operators.packed_group_by import group_by_window_and_key
 from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.aggregates import TIME, AggSpec
@@ -317,10 +318,7 @@ class WindowAggregate(SingleStoreOperator):
                 ctx.late_rows.append(late)
             # NOTE: no maintain_order: the order of groups changes no result (a key has
             # one partial row per batch, and the buffer keeps batches in arrival order)
-            partials = group_by_window_and_key(
-                collect(live), WS, self.keys, self.window.slide_ms,
-                [e for a in self.aggs for e in a.partials(df.schema)],
-            ).with_columns(
+            partials = self._partials(df, live).with_columns(
                 self.window.end_of(pl.col(WS)).alias(EXPIRE),
                 pl.lit(-1, pl.Int64).alias(REV),
             )
@@ -336,6 +334,21 @@ class WindowAggregate(SingleStoreOperator):
         if closed is None:
             return self._finalize(self.row_schema.to_frame())
         return self._finalize(closed.sort([EXPIRE, *self._orderable_keys()]))
+
+    def _partials(self, df: pl.DataFrame, live: pl.LazyFrame) -> pl.DataFrame:
+        """The batch's partial aggregates per (window, keys): exact on the streaming
+        engine when every aggregate has an exact form, else folded in row order by
+        the in-memory engine; either way a function of the batch's rows alone."""
+        assert self.window is not None
+        exact = exact_window_partials(
+            df, live, window_column=WS, spec=self.window, keys=self.keys, aggs=self.aggs
+        )
+        if exact is not None:
+            return exact
+        return group_by_window_and_key(
+            collect(live), WS, self.keys, self.window.slide_ms,
+            [e for a in self.aggs for e in a.partials(df.schema)],
+        )
 
     def _combine(self, partials: pl.DataFrame) -> pl.DataFrame:
         """One row per (window, keys): the partial rows combined in arrival order."""
