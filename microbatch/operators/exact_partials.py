@@ -31,6 +31,7 @@ from typing import Any
 import polars as pl
 
 from microbatch.frames import collect_exact
+from microbatch.operators.packed_group_by import fits_int64
 from microbatch.plan.aggregates import AggSpec
 from microbatch.plan.event_time import event_time_ms
 from microbatch.plan.windows import WindowSpec
@@ -157,7 +158,7 @@ def _stats(
     count (``hi{i}``, ``lo{i}``, ``bad{i}``)."""
     t = event_time_ms(spec.column, schema)
     exprs = [t.min().alias("t0"), t.max().alias("t1")]
-    if len(keys) == 1 and _packable(schema[keys[0]]):
+    if len(keys) == 1 and fits_int64(schema[keys[0]]):
         k = pl.col(keys[0]).cast(pl.Int64)
         exprs += [k.min().alias("k0"), k.max().alias("k1"), k.null_count().alias("k_nulls")]
     for i, c in enumerate(floats):
@@ -183,10 +184,6 @@ def _scale(stats: dict[str, Any], i: int, rows: int) -> int | None:
     if b0 < _LOWEST_SCALE or top - b0 + rows.bit_length() > _INT128_BITS:
         return None
     return b0
-
-
-def _packable(dtype: pl.DataType) -> bool:
-    return dtype.is_integer() and dtype != pl.UInt64
 
 
 def _packing(

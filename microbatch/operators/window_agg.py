@@ -62,7 +62,7 @@ from microbatch.operators.base import (
 )
 from microbatch.operators.changes import CHANGE_TYPE, diff_rows, empty_changes
 from microbatch.operators.exact_partials import exact_window_partials
-from microbatch.operators.packed_group_by import group_by_window_and_key
+from microbatch.operators.packed_group_by import fits_int64, group_by_window_and_key
 from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.aggregates import TIME, AggSpec
 from microbatch.plan.event_time import event_time_ms, ms_to_time
@@ -333,7 +333,7 @@ class WindowAggregate(SingleStoreOperator):
         }
         if closed is None:
             return self._finalize(self.row_schema.to_frame())
-        return self._finalize(closed.sort([EXPIRE, *self._orderable_keys()]))
+        return self._finalize(self._in_emit_order(closed))
 
     def _partials(self, df: pl.DataFrame, live: pl.LazyFrame) -> pl.DataFrame:
         """The batch's partial aggregates per (window, keys): exact on the streaming
@@ -363,6 +363,26 @@ class WindowAggregate(SingleStoreOperator):
              pl.col(REV).first()],
         )
         return merged.select(list(self.row_schema))
+
+    def _in_emit_order(self, rows: pl.DataFrame) -> pl.DataFrame:
+        """``rows`` sorted by (window end, keys): by one packed Int64 when there is
+        one integer key without nulls and the ranges fit (the same order: a sort on
+        two columns row-encodes them, 2-3x slower), else by the columns."""
+        keys = self._orderable_keys()
+        if (
+            len(keys) == 1 and rows.height > 1 and fits_int64(rows.schema[keys[0]])
+            and not rows.get_column(keys[0]).null_count()
+            and not rows.get_column(EXPIRE).null_count()
+        ):
+            key = pl.col(keys[0]).cast(pl.Int64)
+            e0, e1, k0, k1 = rows.select(
+                pl.col(EXPIRE).min().alias("e0"), pl.col(EXPIRE).max().alias("e1"),
+                key.min().alias("k0"), key.max().alias("k1"),
+            ).row(0)
+            bits = (k1 - k0).bit_length()
+            if (e1 - e0).bit_length() + bits <= 62:
+                return rows.sort((pl.col(EXPIRE) - e0) * (1 << bits) + (key - k0))
+        return rows.sort([EXPIRE, *keys])
 
     def _orderable_keys(self) -> list[str]:
         return [

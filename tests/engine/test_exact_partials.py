@@ -15,7 +15,7 @@ from oracles import tumbling_or_hopping
 
 import microbatch as mb
 from microbatch.operators.exact_partials import exact_window_partials
-from microbatch.operators.window_agg import WS, split_late_windows
+from microbatch.operators.window_agg import EXPIRE, WS, WindowAggregate, split_late_windows
 from microbatch.plan.aggregates import AggSpec, parse_aggregations
 from microbatch.plan.windows import WindowSpec
 
@@ -116,3 +116,20 @@ def test_float32_sums_are_left_to_the_in_memory_engine() -> None:
     df = _frame([(0, 1, 0.5, 1)]).with_columns(pl.col("x").cast(pl.Float32))
     aggs = parse_aggregations((pl.col("x").sum().alias("s"),))
     assert _partials(df, mb.window("ts", "1m"), None, ["k"], aggs) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(pairs=st.sets(st.tuples(st.integers(0, 4).map(lambda i: i * MINUTE),
+                               st.one_of(st.integers(-5, 5), st.integers(2**61, 2**61 + 3))),
+                     min_size=2, max_size=30),
+       dtype=st.sampled_from([pl.Int64, pl.Int16, pl.UInt32]), seed=st.integers(0, 99))
+def test_closed_windows_are_emitted_by_end_then_key(
+    pairs: set[tuple[int, int]], dtype: type[pl.DataType], seed: int
+) -> None:
+    op = WindowAggregate(operator_id="w", window=mb.window("ts", "1m"), keys=["k"],
+                         aggs=AGGS[:1], output_mode="append")
+    op.row_schema = pl.Schema({"k": dtype, EXPIRE: pl.Int64})
+    rows = pl.DataFrame(sorted(pairs), schema={EXPIRE: pl.Int64, "k": pl.Int64}, orient="row")
+    rows = rows.with_columns(pl.col("k").cast(dtype, strict=False)).drop_nulls().unique(
+        [EXPIRE, "k"]).sample(fraction=1.0, shuffle=True, seed=seed)
+    assert op._in_emit_order(rows).equals(rows.sort(EXPIRE, "k"))
