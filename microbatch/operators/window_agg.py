@@ -61,7 +61,7 @@ from microbatch.operators.base import (
     late_reason,
 )
 from microbatch.operators.changes import CHANGE_TYPE, diff_rows, empty_changes
-from microbatch.operators.exact_partials import exact_window_partials
+from microbatch.operators.exact_partials import exact_window_merge, exact_window_partials
 from microbatch.operators.packed_group_by import fits_int64, group_by_window_and_key
 from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.aggregates import TIME, AggSpec
@@ -351,12 +351,19 @@ class WindowAggregate(SingleStoreOperator):
         )
 
     def _combine(self, partials: pl.DataFrame) -> pl.DataFrame:
-        """One row per (window, keys): the partial rows combined in arrival order."""
+        """One row per (window, keys): the partial rows combined exactly (any order),
+        else in arrival order."""
         if partials.is_empty():
             return partials
+        assert self.window is not None
+        exact = exact_window_merge(
+            partials, window_column=WS, spec=self.window, keys=self.keys, aggs=self.aggs,
+            constant=[EXPIRE, REV],  # a function of the window; -1 until emitted
+        )
+        if exact is not None:
+            return exact.select(list(self.row_schema))
         # NOTE: rechunked so that the sums run over one contiguous array however the
         # rows were held: a replay from a snapshot gives bit-identical floats
-        assert self.window is not None
         merged = group_by_window_and_key(
             partials.rechunk(), WS, self.keys, self.window.slide_ms,
             [*[e for a in self.aggs for e in a.merges()], pl.col(EXPIRE).first(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import polars as pl
 import pytest
 from determinism_queries import bits
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from oracles import tumbling_or_hopping
 
 import microbatch as mb
-from microbatch.operators.exact_partials import exact_window_partials
+from microbatch.operators.exact_partials import exact_window_merge, exact_window_partials
 from microbatch.operators.window_agg import EXPIRE, WS, WindowAggregate, split_late_windows
 from microbatch.plan.aggregates import AggSpec, parse_aggregations
 from microbatch.plan.windows import WindowSpec
@@ -133,3 +134,30 @@ def test_closed_windows_are_emitted_by_end_then_key(
     rows = rows.with_columns(pl.col("k").cast(dtype, strict=False)).drop_nulls().unique(
         [EXPIRE, "k"]).sample(fraction=1.0, shuffle=True, seed=seed)
     assert op._in_emit_order(rows).equals(rows.sort(EXPIRE, "k"))
+
+
+def test_merge_of_partial_rows_is_their_exact_sum() -> None:
+    """The combine at window close: each (window, key)'s partial rows (two batches
+    here) merged into one, the float sums equal to ``math.fsum`` of the partials."""
+    rng = np.random.default_rng(5)
+    n = 20_000
+    df = pl.DataFrame({"ts": rng.integers(0, 3 * MINUTE, n), "k": rng.integers(0, 300, n),
+                       "x": np.round(rng.lognormal(3, 2, n), 2), "i": rng.integers(0, 9, n)})
+    df = df.with_columns(pl.col("ts").cast(pl.Datetime("ms")))
+    spec = mb.window("ts", "1m")
+    halves = [_partials(df.slice(0, n // 2), spec, None, ["k"]),
+              _partials(df.slice(n // 2), spec, None, ["k"])]
+    rows = pl.concat([h for h in halves if h is not None]).with_columns(
+        (pl.col(WS) + MINUTE).alias(EXPIRE))
+    merged = exact_window_merge(rows, window_column=WS, spec=spec, keys=["k"], aggs=AGGS,
+                                constant=[EXPIRE])
+    assert merged is not None
+    want = rows.group_by(WS, "k").agg(
+        pl.col("__p_n", "__p_si", "__p_ci", "__p_mx_cnt").sum(), pl.col("__p_lo").min(),
+        pl.col(EXPIRE).first(), pl.col("__p_sx"))
+    want = want.with_columns(pl.Series([math.fsum(v) for v in want["__p_sx"].to_list()]).alias(
+        "__p_sx"))
+    got = merged.sort(WS, "k").select(want.columns)
+    assert got.height == 3 * 300
+    assert bits(got.drop("__p_sx")).equals(bits(want.sort(WS, "k").drop("__p_sx")))
+    assert bits(got.select("__p_sx")).equals(bits(want.sort(WS, "k").select("__p_sx")))
