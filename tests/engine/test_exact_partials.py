@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import determinism_queries as queries
 import numpy as np
 import polars as pl
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from oracles import tumbling_or_hopping
 
 import microbatch as mb
+from microbatch.operators import window_agg
 from microbatch.operators.exact_partials import exact_window_merge, exact_window_partials
 from microbatch.operators.window_agg import EXPIRE, WS, WindowAggregate, split_late_windows
 from microbatch.plan.aggregates import AggSpec, parse_aggregations
@@ -161,3 +163,30 @@ def test_merge_of_partial_rows_is_their_exact_sum() -> None:
     assert got.height == 3 * 300
     assert bits(got.drop("__p_sx")).equals(bits(want.sort(WS, "k").drop("__p_sx")))
     assert bits(got.select("__p_sx")).equals(bits(want.sort(WS, "k").select("__p_sx")))
+
+
+def test_a_query_on_the_exact_path_replays_bit_identically(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """End to end (hopping windows, sum and mean): every batch's partials and every
+    combine on the exact path give the same bits run after run, and the values of
+    the in-memory path up to the last bits."""
+    folded = queries.run("hopping")
+    monkeypatch.setattr(window_agg, "EXACT_MIN_ROWS", 0)
+    calls: list[int] = []
+    real = window_agg.exact_window_merge
+
+    def counted(*args: object, **kwargs: object) -> pl.DataFrame | None:
+        out = real(*args, **kwargs)  # type: ignore[arg-type]
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(window_agg, "exact_window_merge", counted)
+    first, second = queries.run("hopping"), queries.run("hopping")
+    assert sum(calls) >= 2  # the combine took the exact path
+    assert bits(first).equals(bits(second))
+    assert first.height == folded.height > 1_000
+    assert first.drop("total", "mean").equals(folded.drop("total", "mean"))
+    for col in ("total", "mean"):
+        rel = ((first[col] - folded[col]).abs() / folded[col].abs().clip(lower_bound=1.0)).max()
+        assert rel < 1e-12, col
