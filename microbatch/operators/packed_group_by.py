@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-__all__ = ["group_by_window_and_key"]
+__all__ = ["fits_int64", "group_by_window_and_key"]
 
 _PACK = "__packed"
 
@@ -49,6 +49,11 @@ def group_by_window_and_key(
     )
 
 
+def fits_int64(dtype: pl.DataType) -> bool:
+    """An integer type whose every value fits an Int64 (a key that can be packed)."""
+    return dtype.is_integer() and dtype != pl.UInt64
+
+
 def _packing(
     frame: pl.DataFrame, window: str, keys: Sequence[str], slide_ms: int
 ) -> tuple[str, int, int, int] | None:
@@ -57,7 +62,7 @@ def _packing(
         return None
     key = keys[0]
     dtype = frame.schema[key]
-    if not dtype.is_integer() or dtype == pl.UInt64:
+    if not fits_int64(dtype):
         return None
     column = frame.get_column(key)
     if column.null_count() or frame.get_column(window).null_count():
