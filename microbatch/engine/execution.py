@@ -733,7 +733,9 @@ class MicroBatchExecution:
         try:
             self.committer.settle()
         except BaseException:
-            self.pending = batch  # NOTE: the batch the error belongs to (``last_error``)
+            # NOTE: the batch the error belongs to (``last_error``), and where the next
+            # start resumes (``status``, the CLI's message)
+            self.pending, self.next_batch_id = batch, batch.batch_id
             raise
         self.forget_before(batch)
         self.report(batch, result, engine)

@@ -111,6 +111,7 @@ def test_a_crash_with_two_batches_uncommitted_reruns_both_exactly_once(
     assert _ids(chk / "commits") == [0, 1]
     assert _in_flight(chk, 3) == [2]
     assert json.loads((chk / "last_error").read_text())["body"]["batch_id"] == 2
+    assert crashed.status["next_batch_id"] == 2  # where the next start resumes
 
     monkeypatch.setattr(execution, "fault_point", original)
     with caplog.at_level(logging.WARNING, logger="microbatch.engine.execution"):
