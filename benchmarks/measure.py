@@ -73,13 +73,13 @@ class QueryRun:
 
 
 def run_available_now(stream: Any, out: Path, checkpoint: Path, *, batches_hint: int,
-                      durability: str = "fsync") -> QueryRun:
+                      durability: str = "fsync", pipelined: bool = False) -> QueryRun:
     """Run ``stream`` into a timed Parquet sink until all input is processed."""
     sink = TimedParquetSink(out)
     writer = stream.write_to(sink)
     t0 = time.perf_counter()
     query = writer.start(str(checkpoint), trigger="available-now", retention=batches_hint + 100,
-                         durability=durability)
+                         durability=durability, pipelined=pipelined)
     query.await_termination()
     wall = time.perf_counter() - t0
     return QueryRun(wall_s=wall, progress=query.recent_progress, sink_stamps=sink.stamps,

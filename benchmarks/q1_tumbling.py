@@ -30,5 +30,6 @@ CASE = WindowCase(
         FROM TABLE(TUMBLE(TABLE tx, DESCRIPTOR(event_time), INTERVAL '1' MINUTE))
         GROUP BY window_start, window_end, card_id
     """,
+    pipelined=True,
 )
 WORKLOAD = make_workload(CASE)

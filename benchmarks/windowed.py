@@ -69,6 +69,9 @@ class WindowCase:
     sql: str | None = None
     """The same query in SQL over the table ``tx`` (``mb.sql``): when set, phases
     ``sql-f1``/``sql-f10`` run it and the table compares it with the Python API."""
+    pipelined: bool = False
+    """Also run phases ``pipe-f1``/``pipe-f10``: the Python API's query with
+    ``pipelined=True``, compared with the sequential run in the table."""
 
 
 def make_workload(case: WindowCase) -> Workload:
@@ -97,6 +100,9 @@ def make_workload(case: WindowCase) -> Workload:
             return {"rows": ds.rows, "seconds": seconds, "output_rows": holder["rows"]}
         if phase.startswith("sql-f"):
             return run_engine(case, ds, int(phase.removeprefix("sql-f")), workdir, sql=True)
+        if phase.startswith("pipe-f"):
+            return run_engine(case, ds, int(phase.removeprefix("pipe-f")), workdir,
+                              pipelined=True)
         files = int(phase.removeprefix("engine-f"))
         return run_engine(case, ds, files, workdir)
 
@@ -107,7 +113,8 @@ def make_workload(case: WindowCase) -> Workload:
         name=case.name,
         description=case.description,
         phases=("oneshot", *(f"engine-f{k}" for k in FILES_PER_BATCH),
-                *((f"sql-f{k}" for k in FILES_PER_BATCH) if case.sql else ())),
+                *((f"sql-f{k}" for k in FILES_PER_BATCH) if case.sql else ()),
+                *((f"pipe-f{k}" for k in FILES_PER_BATCH) if case.pipelined else ())),
         default_reps=1,
         prepare=prepare,
         run_phase=run_phase,
@@ -116,7 +123,7 @@ def make_workload(case: WindowCase) -> Workload:
 
 
 def run_engine(case: WindowCase, ds: data.Dataset, files: int, workdir: Path, *,
-               sql: bool = False) -> dict[str, Any]:
+               sql: bool = False, pipelined: bool = False) -> dict[str, Any]:
     """The engine query at ``files`` files per batch (the Python API's, or ``case.sql``
     through ``mb.sql``: the same plan); raw numbers plus output path."""
     import microbatch as mb
@@ -130,7 +137,7 @@ def run_engine(case: WindowCase, ds: data.Dataset, files: int, workdir: Path, *,
     else:
         stream = tx.group_by(case.window(), "card_id").agg(*AGGS)
     run = run_available_now(stream, workdir / "out", workdir / "chk",
-                            batches_hint=ds.files // files + 5)
+                            batches_hint=ds.files // files + 5, pipelined=pipelined)
     return {**run.to_json(), "output": str(workdir / "out"), "files_per_batch": files}
 
 
@@ -164,7 +171,35 @@ def summarize_case(case: WindowCase, cfg: Config, results: PhaseResults) -> Sect
         if sql_runs:
             section.rows.append(sql_row(case, ds, files, sql_runs, python_rate=engine_rate,
                                         oneshot_rates=oneshot_rates))
+        pipe_runs = results.get(f"pipe-f{files}", [])
+        if pipe_runs:
+            section.rows.append(pipelined_row(case, ds, files, pipe_runs,
+                                              sequential_rate=engine_rate,
+                                              oneshot_rates=oneshot_rates))
+            section.details += step_profile(f"{case.name} pipelined, {files} file(s)/batch",
+                                            pipe_runs[0])
     return section
+
+
+def pipelined_row(case: WindowCase, ds: data.EventFiles, files: int,
+                  runs: list[dict[str, Any]], *, sequential_rate: float,
+                  oneshot_rates: list[float]) -> Row:
+    """The pipelined run's row: its rate against the one-shot limit, and in the note
+    against the sequential run measured in the same session, with its output check."""
+    rates = [rate(r["input_rows"], r["wall_s"]) for r in runs]
+    pipe_rate, oneshot_rate = median(rates), median(oneshot_rates)
+    try:
+        verdict, _ = check(case, ds, runs[0])
+    except Exception as exc:
+        verdict = f"check failed: {type(exc).__name__}: {exc}"
+    return Row(
+        f"{case.name} (pipelined)", f"events/s, {fmt_num(ds.rows_per_file * files)} rows/batch",
+        f"{fmt_num(pipe_rate)} ({spread(rates)})",
+        f"{fmt_num(oneshot_rate)} ({spread(oneshot_rates)})",
+        ratio(pipe_rate, oneshot_rate),
+        f"pipelined / sequential {ratio(pipe_rate, sequential_rate):.2f}", None,
+        f"{max(r['peak_rss_mb'] for r in runs):.0f} MiB", verdict,
+    )
 
 
 def sql_row(case: WindowCase, ds: data.EventFiles, files: int, runs: list[dict[str, Any]], *,

@@ -89,6 +89,7 @@ class DataStreamWriter:
         state_memory_budget: int | str | None = None,
         flush_at_end: bool = False,
         hold_watermark: bool = False,
+        pipelined: bool = False,
     ) -> StreamingQuery:
         """Start the query in a background thread and return its handle.
 
@@ -161,6 +162,19 @@ class DataStreamWriter:
             flush; processing-time timers and TTLs still run. State holds the
             whole history replayed until the flush: bound it with
             ``state_memory_budget``. Refused with an interval trigger.
+        pipelined
+            Overlap batches: batch N's sink writes and ``commits/N`` run on a
+            background thread while batch N+1 is planned, written ahead, read
+            and executed (its state is committed first, in the query's thread).
+            Exactly once still holds: a crash leaves at most batches N and N+1
+            uncommitted, ``offsets/N+1`` records that N was in flight, and the
+            restart re-runs both in order (each sink writes a batch id once).
+            It pays off when batches run back to back (a backlog, ``None`` or
+            ``"available-now"`` triggers): the sink's time hides behind the next
+            batch's read and execute. With an interval trigger the batch in
+            flight settles before the query waits for the next tick. A batch
+            counts as done (progress record, ``process_all_available``) once
+            its commit is written.
 
         Returns
         -------
@@ -237,7 +251,7 @@ class DataStreamWriter:
         execution = self._execution(
             Checkpoint(root), spec, retention=retention, name=name, durability=durability,
             executor=executor, state_budget=budget, flush_at_end=flush_at_end,
-            hold_watermark=hold_watermark,
+            hold_watermark=hold_watermark, pipelined=pipelined,
         )
         return StreamingQuery(execution, name=name)._start(
             metrics_port=metrics_port, metrics_host=metrics_host
@@ -253,6 +267,7 @@ class DataStreamWriter:
         retention: int = 100,
         durability: Durability = "fsync",
         executor: Executor | None = None,
+        pipelined: bool = False,
     ) -> StreamingQuery:
         """Run this job's code over exactly the batches ``from_checkpoint`` recorded
         (their ranges, watermarks, timestamps and batch ids) into this writer's
@@ -278,7 +293,7 @@ class DataStreamWriter:
             Batches 0 to A-1 still run first, with their sink writes skipped, to
             rebuild the state batch A starts from (a warm-up). ``None``: every
             committed batch.
-        name, retention, durability, executor
+        name, retention, durability, executor, pipelined
             As for :meth:`start`.
 
         Raises
@@ -311,7 +326,7 @@ class DataStreamWriter:
         chk = Checkpoint(checkpoint)
         execution = self._execution(chk, AvailableNow(), retention=retention, name=name,
                                     durability=durability, executor=executor,
-                                    replay=recorded)
+                                    replay=recorded, pipelined=pipelined)
         recorded.check_identity(execution.identity())
         start_checkpoint(recorded, chk)
         return StreamingQuery(execution, name=name)._start()
@@ -321,6 +336,7 @@ class DataStreamWriter:
         durability: Durability, executor: Executor | None,
         state_budget: StateBudget | None = None, flush_at_end: bool = False,
         hold_watermark: bool = False, replay: RecordedBatches | None = None,
+        pipelined: bool = False,
     ) -> MicroBatchExecution:
         return MicroBatchExecution(
             plan=self.plan,
@@ -339,6 +355,7 @@ class DataStreamWriter:
             flush_at_end=flush_at_end,
             hold_watermark=hold_watermark,
             replay=replay,
+            pipelined=pipelined,
         )
 
     def describe(self) -> dict[str, Any]:

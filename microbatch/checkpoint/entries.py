@@ -66,9 +66,13 @@ class OffsetEntry:
     """What must not change across restarts (the sources' identities)."""
     fingerprint: str = ""
     """A hash of the whole job's configuration when the batch was planned."""
+    in_flight: tuple[int, ...] = ()
+    """Earlier batches whose sink and commit were still running when this one
+    was written ahead (a pipelined query): a restart may find them uncommitted
+    and re-runs them first. Written only when not empty."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "batch_id": self.batch_id,
             "sources": {sid: {"start": s, "end": e} for sid, (s, e) in self.sources.items()},
             "watermark_ms": self.watermark_ms,
@@ -76,6 +80,9 @@ class OffsetEntry:
             "identity": dict(self.identity),
             "fingerprint": self.fingerprint,
         }
+        if self.in_flight:
+            doc["in_flight"] = list(self.in_flight)
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], *, where: str) -> Self:
@@ -92,7 +99,18 @@ class OffsetEntry:
             timestamp_ms=_field(doc, "timestamp_ms", int, where),
             identity=doc.get("identity") or {},
             fingerprint=str(doc.get("fingerprint") or ""),
+            in_flight=_batch_ids(doc.get("in_flight"), where),
         )
+
+
+def _batch_ids(value: Any, where: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise CheckpointCorruptError(f"{where}: 'in_flight' is not a list of batch ids: {value!r}")
+    return tuple(value)
 
 
 @dataclass(frozen=True)

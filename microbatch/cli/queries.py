@@ -150,6 +150,7 @@ def _run_query(
     state_memory_budget: str | None = None,
     flush_at_end: bool = False,
     hold_watermark: bool = False,
+    pipelined: bool = False,
 ) -> tuple[StreamingQuery, RunStats, QueryTerminatedError | None]:
     """Start ``writer`` and follow it until it ends.
 
@@ -162,7 +163,8 @@ def _run_query(
     query = writer.start(checkpoint, trigger, name=name, metrics_port=metrics_port,
                          metrics_host=metrics_host, durability=durability,
                          executor=executor, state_memory_budget=state_memory_budget,
-                         flush_at_end=flush_at_end, hold_watermark=hold_watermark)
+                         flush_at_end=flush_at_end, hold_watermark=hold_watermark,
+                         pipelined=pipelined)
     if query.metrics_url:
         display.note(f"serving Prometheus metrics on {query.metrics_url}")
     stats, error = _follow(query, stopper, display, baseline, seconds=seconds)
@@ -306,6 +308,10 @@ def run(
                         "the watermark to the end of input and emit every window still open "
                         "(one more batch, committed like the others). Later rows for those "
                         "windows are late.")] = False,
+    pipelined: Annotated[bool, typer.Option(
+        "--pipelined", help="Write batch N's sinks and commit in the background while batch "
+                            "N+1 is read and executed (exactly once still holds: a restart "
+                            "re-runs both).")] = False,
     from_savepoint: Annotated[Path | None, typer.Option(
         "--from-savepoint", metavar="DIR",
         help="Start on a new --checkpoint from a savepoint (`microbatch savepoint`) when the "
@@ -341,7 +347,7 @@ def run(
                                          durability=durability.value,
                                          executor=executor,
                                          state_memory_budget=state_memory_budget,
-                                         flush_at_end=flush)
+                                         flush_at_end=flush, pipelined=pipelined)
     if error is not None:
         raise _query_failed(query, error, job)
     _finish(query, stats, stopper)

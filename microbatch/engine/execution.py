@@ -22,17 +22,33 @@ End of a bounded input (``once``/``available-now``, :meth:`end_of_input`)::
             through steps 1..7 (offsets/N records W: a crash re-runs it as is)
     if this run ran no batch:         say so ("nothing new since batch N")
 
+A pipelined query (``pipelined=True``) splits step 6: batch N's state commit
+stays in the query's thread, then step 5 and ``commits/N`` run on the
+committer thread (:meth:`MicroBatchExecution.hand_off`) while the thread goes
+on with batch N+1's steps 1..4; N+1's write-ahead entry records N as
+``in_flight``. Before N+1's state commit (or when the query waits, idles or
+ends), N is settled: waited for, then its step 7::
+
+    thread:     1 2 3 4 (N)  settle(N-1) 6a(N) | 1 2 3 4 (N+1)  settle(N) 6a(N+1) | ...
+    committer:                                 | 5(N) 6b(N)                       | 5(N+1) ...
+
+So state version N+2 is written only after ``commits/N``: state is never more
+than one version ahead of the commit log, and recovery loads version N as it
+always did (a store keeping 2 versions suffices).
+
 Recovery (:meth:`MicroBatchExecution.recover`)::
 
     last = latest entry of offsets/
     if there is none:                 start every source at its initial offset
-    elif an earlier offsets/ entry
+    elif an offsets/ entry other than
+         last and last's in_flight
          has no commits/ entry:       refuse (files deleted by hand; nothing runs)
     elif commits/ has last:           next batch = last + 1, from last's ends
-    else:                             re-run batch `last` with its recorded
-                                      ranges and watermark (steps 3..7); the
-                                      sink's idempotency absorbs a write that
-                                      already landed
+    else:                             re-run the uncommitted batches (last, and
+                                      the one it records in flight, first) with
+                                      their recorded ranges and watermarks
+                                      (steps 3..7); the sinks' idempotency
+                                      absorbs a write that already landed
 
 Everything a batch does is a function of (offsets/N, code), so the re-run
 produces the same rows.
@@ -58,6 +74,7 @@ import polars as pl
 
 from microbatch.checkpoint import Checkpoint, CommitEntry, OffsetEntry
 from microbatch.engine.batch_executor import input_frame
+from microbatch.engine.committer import Committer
 from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner
 from microbatch.engine.faults import fault_point, side_fault_point
@@ -184,8 +201,15 @@ class MicroBatchExecution:
         flush_at_end: bool = False,
         hold_watermark: bool = False,
         replay: RecordedBatches | None = None,
+        pipelined: bool = False,
     ) -> None:
         self.plan = plan
+        self.pipelined = pipelined
+        """Steps 5-6 of batch N run on the committer thread while batch N+1 is
+        read and executed (:meth:`hand_off`)."""
+        self.committer = Committer(durability, name)
+        # the batch handed to the committer, with its result and engine facts for step 7
+        self.in_flight: tuple[PlannedBatch, BatchResult, dict[str, Any]] | None = None
         self.replay = replay
         """The old checkpoint's batches this run replays (``None``: plan from the sources)."""
         # NOTE: a held watermark is released by the flush at the end of input
@@ -220,7 +244,10 @@ class MicroBatchExecution:
         self.run_id = str(uuid.uuid4())
         self.next_batch_id = 0
         self.committed: dict[str, Offset] = {}
+        # the batch this thread runs (written ahead, not yet handed off or committed)
         self.pending: PlannedBatch | None = None
+        self.recovered: list[PlannedBatch] = []
+        """Batches written ahead but not committed before a restart: re-run first, in order."""
         self.progress = ProgressStore(None)
         self.falling_behind = False
         # coordination with the StreamingQuery handle (other threads)
@@ -282,7 +309,9 @@ class MicroBatchExecution:
         )
 
     def close(self) -> None:
-        """Close sources, sinks and the executor, and release the lock (idempotent)."""
+        """Close sources, sinks and the executor, and release the lock (idempotent);
+        a pipelined batch in flight finishes first."""
+        self.committer.close()
         self.read_ahead.close()
         try:
             self.executor.close()
@@ -330,12 +359,14 @@ class MicroBatchExecution:
             self.next_batch_id = 0
             return
         self._check_compatible(last)
-        uncommitted = sorted(set(offsets.batch_ids()) - set(commits.batch_ids()) - {last.batch_id})
-        if uncommitted:
-            # NOTE: only the last batch may lack its commit (the rule above); re-running
-            # it alone would leave these unaccounted for, so nothing runs
+        uncommitted = sorted(set(offsets.batch_ids()) - set(commits.batch_ids()))
+        # NOTE: only the last batch may lack its commit, and those it was written
+        # ahead beside (a pipelined query); re-running these alone would leave the
+        # others unaccounted for, so nothing runs
+        stray = [b for b in uncommitted if b != last.batch_id and b not in last.in_flight]
+        if stray:
             raise CheckpointCorruptError(
-                f"{commits.directory} is missing entries for batches {_id_list(uncommitted)} "
+                f"{commits.directory} is missing entries for batches {_id_list(stray)} "
                 f"although {offsets.directory} has them and later batches; files were deleted "
                 "by hand. Only the last batch may be uncommitted. Restore the missing commit "
                 "files from a backup, or start the job on a new checkpoint directory and "
@@ -350,15 +381,19 @@ class MicroBatchExecution:
             )
         if last_commit is not None:
             self.tracker.restore(last_commit.watermark)
-        if last_commit is not None and last_commit.batch_id == last.batch_id:
+        if not uncommitted:
             self.watermark_in_force = last.watermark_ms
             self.committed = {sid: end for sid, (_, end) in last.sources.items()}
             self.next_batch_id = last.batch_id + 1
-        else:
-            self.committed = {sid: start for sid, (start, _) in last.sources.items()}
-            self.next_batch_id = last.batch_id
-            self.pending = PlannedBatch.recovered_from(last)
-            log.warning("recovering batch %d from its write-ahead entry", last.batch_id)
+            return
+        for batch_id in uncommitted:
+            entry = offsets.get(batch_id)
+            assert entry is not None  # NOTE: listed by batch_ids() just above
+            self.recovered.append(PlannedBatch.recovered_from(entry))
+            log.warning("recovering batch %d from its write-ahead entry", batch_id)
+        first = self.recovered[0]
+        self.committed = {sid: start for sid, (start, _) in first.ranges.items()}
+        self.next_batch_id = first.batch_id
 
     def _check_compatible(self, entry: OffsetEntry) -> None:
         recorded = dict(entry.identity)
@@ -375,8 +410,15 @@ class MicroBatchExecution:
     # ---------------------------------------------------------- the lifecycle
 
     def run_batch(self, *, capped: bool = True, bounds: dict[str, Offset] | None = None) -> bool:
-        """Run the next batch through steps 1-7; False when there was nothing to do."""
-        batch = self.pending or self.next_batch(capped=capped, bounds=bounds)
+        """Run the next batch through steps 1-7; False when there was nothing to do.
+
+        A pipelined query settles batch N-1 (waits for its sink and commit, then
+        step 7), commits this batch's state, then hands steps 5-6 (sink,
+        ``commits/N``) to the committer thread and returns: the next call
+        plans, writes ahead, reads and executes batch N+1 meanwhile."""
+        batch = self.recovered.pop(0) if self.recovered else self.next_batch(
+            capped=capped, bounds=bounds
+        )
         if batch is None:
             return False
         timer = Timer(batch.durations_ms)
@@ -385,6 +427,7 @@ class MicroBatchExecution:
                 with timer.step("write_ahead"):
                     self.write_ahead(batch)
                 fault_point("after_write_ahead", batch.batch_id)
+            self.pending = batch
             with timer.step("read"):
                 inputs, dead_letters = self.read_inputs(batch)
             fault_point("after_read", batch.batch_id)
@@ -393,6 +436,22 @@ class MicroBatchExecution:
                 self.check_state_budget(batch, ctx)
             fault_point("after_execute", batch.batch_id)
             self.start_read_ahead(batch, capped=capped, bounds=bounds)
+            result = BatchResult(
+                input_rows={sid: frame.height for sid, frame in inputs.items()},
+                output_rows=output.height,
+                dead_letter_rows=dead_letters.height,
+                late_rows=sum(f.height for f in ctx.late_rows),
+                state=ctx.metrics,
+                schema_mismatch=count_schema_mismatches(dead_letters),
+            )
+            if self.pipelined:
+                # NOTE: state version N+1 only after commits/N-1: state is never more
+                # than one version ahead of the commit log, as without pipelining
+                self.settle()
+                with timer.step("commit"):
+                    self.commit_state(batch)
+                self.hand_off(batch, output, dead_letters, ctx, result)
+                return True
             with timer.step("sink"):
                 self.write_sink(batch, output, dead_letters, ctx)
             fault_point("after_sink", batch.batch_id)
@@ -402,15 +461,7 @@ class MicroBatchExecution:
             self.executor.abort()
             raise
         fault_point("after_commit", batch.batch_id)
-        result = BatchResult(
-            input_rows={sid: frame.height for sid, frame in inputs.items()},
-            output_rows=output.height,
-            dead_letter_rows=dead_letters.height,
-            late_rows=sum(f.height for f in ctx.late_rows),
-            state=ctx.metrics,
-            schema_mismatch=count_schema_mismatches(dead_letters),
-        )
-        self.report(batch, result)
+        self.report(batch, result, self.engine_facts(batch))
         self.batches_this_run += 1
         fault_point("after_report", batch.batch_id)
         return True
@@ -462,6 +513,7 @@ class MicroBatchExecution:
         if not has_data and not (
             watermark_moved and self.executor.has_expirable_state(next_watermark)
         ) and not self.executor.due(now_ms, next_watermark):
+            self.settle()  # NOTE: "idle" below tells waiters that everything is committed
             with self.cond:
                 self.last_idle_plan = plan_no
                 self.cond.notify_all()
@@ -486,9 +538,9 @@ class MicroBatchExecution:
                 timestamp_ms=batch.timestamp_ms,
                 identity=self.identity(),
                 fingerprint=self.fingerprint(),
+                in_flight=() if self.in_flight is None else (self.in_flight[0].batch_id,),
             )
         )
-        self.pending = batch
 
     def read_inputs(self, batch: PlannedBatch) -> tuple[dict[str, pl.DataFrame], pl.DataFrame]:
         """Step 3: exactly the recorded range of every source, and its dead letters."""
@@ -603,20 +655,36 @@ class MicroBatchExecution:
 
     def commit(self, batch: PlannedBatch) -> None:
         """Step 6: state version N+1, then ``commits/N`` with the next watermark."""
+        self.commit_state(batch)
+        self.checkpoint.commits.add(self.commit_entry(batch))
+        self.advance(batch)
+        self.forget_before(batch)
+
+    def commit_state(self, batch: PlannedBatch) -> None:
+        """Step 6's first half: every operator's state as version N+1."""
         self.executor.commit()
         fault_point("after_state_commit", batch.batch_id)
-        self.checkpoint.commits.add(
-            CommitEntry(
-                batch_id=batch.batch_id,
-                next_watermark_ms=self.tracker.current,
-                watermark=self.tracker.to_json(),
-                committed_at_ms=int(self.clock() * 1000),
-            )
+
+    def commit_entry(self, batch: PlannedBatch) -> CommitEntry:
+        """``commits/N``: the watermark batch N+1 starts from (taken right after
+        batch N executed)."""
+        return CommitEntry(
+            batch_id=batch.batch_id,
+            next_watermark_ms=self.tracker.current,
+            watermark=self.tracker.to_json(),
+            committed_at_ms=int(self.clock() * 1000),
         )
+
+    def advance(self, batch: PlannedBatch) -> None:
+        """Batch N+1 starts where batch N ended (planned from here on)."""
         self.pending = None
         self.watermark_in_force = batch.watermark_ms
         self.committed = {sid: end for sid, (_, end) in batch.ranges.items()}
         self.next_batch_id = batch.batch_id + 1
+
+    def forget_before(self, batch: PlannedBatch) -> None:
+        """After ``commits/N``: sources may drop what is before their ends, and
+        the logs keep ``retention`` batches."""
         for sid, (_, end) in batch.ranges.items():
             self.sources[sid].commit(end)
         keep_from = batch.batch_id + 1 - self.retention
@@ -624,7 +692,72 @@ class MicroBatchExecution:
             self.checkpoint.offsets.purge_before(keep_from)
             self.checkpoint.commits.purge_before(keep_from)
 
-    def report(self, batch: PlannedBatch, result: BatchResult) -> None:
+    # ------------------------------------------------------ a pipelined batch
+
+    def hand_off(
+        self,
+        batch: PlannedBatch,
+        output: pl.DataFrame,
+        dead: pl.DataFrame,
+        ctx: OperatorContext,
+        result: BatchResult,
+    ) -> None:
+        """Steps 5-6 of a pipelined batch on the committer thread: the sinks,
+        then ``commits/N``. Its state is already version N+1, and what batch N+1
+        needs (offsets, watermark) is taken now, so N+1 can be planned at once."""
+        entry = self.commit_entry(batch)
+        engine = self.engine_facts(batch)
+        self.advance(batch)
+
+        def finish() -> None:
+            timer = Timer(batch.durations_ms)
+            with timer.step("sink"):
+                self.write_sink(batch, output, dead, ctx)
+            fault_point("after_sink", batch.batch_id)
+            with timer.step("commit"):
+                self.checkpoint.commits.add(entry)
+            fault_point("after_commit", batch.batch_id)
+
+        self.in_flight = (batch, result, engine)
+        self.committer.hand_off(batch.batch_id, finish)
+
+    def settle(self) -> None:
+        """Wait for the pipelined batch in flight (if any), then its step 7.
+
+        Raises what its sink or commit raised: the query fails, and a restart
+        re-runs it (and the batch written ahead beside it) from ``offsets/``."""
+        if self.in_flight is None:
+            return
+        batch, result, engine = self.in_flight
+        self.in_flight = None
+        try:
+            self.committer.settle()
+        except BaseException:
+            # NOTE: the batch the error belongs to (``last_error``), and where the next
+            # start resumes (``status``, the CLI's message)
+            self.pending, self.next_batch_id = batch, batch.batch_id
+            raise
+        self.forget_before(batch)
+        self.report(batch, result, engine)
+        self.batches_this_run += 1
+        fault_point("after_report", batch.batch_id)
+
+    def engine_facts(self, batch: PlannedBatch) -> dict[str, Any]:
+        """What the progress record says of the engine right after batch N's
+        state commit (a pipelined batch reports later, when the next has run)."""
+        has_watermark = bool(self.tracker.specs)
+        return {
+            "next_watermark_ms": self.tracker.current,
+            "state_committed": self.executor.state_metrics(),
+            "eviction": {
+                op.operator_id: op.eviction(has_watermark=has_watermark)
+                for op in self.executor.operators
+            },
+            "watermark_partitions": self.tracker.partition_report(batch.timestamp_ms),
+            "executor": self.executor.batch_profile(),
+        }
+
+    def report(self, batch: PlannedBatch, result: BatchResult, engine: dict[str, Any]) -> None:
         """Step 7: push the batch's facts to the progress record.
 
         The fields are listed in :mod:`microbatch.observability.record`; the
@@ -634,7 +767,6 @@ class MicroBatchExecution:
         interval_ms = (
             self.trigger.interval_ms if isinstance(self.trigger, ProcessingTime) else None
         )
-        has_watermark = bool(self.tracker.specs)
         facts = BatchFacts(
             query_id=self.query_id,
             run_id=self.run_id,
@@ -645,7 +777,6 @@ class MicroBatchExecution:
             timestamp_ms=batch.timestamp_ms,
             recovered=batch.recovered,
             watermark_ms=batch.watermark_ms,
-            next_watermark_ms=self.tracker.current,
             durations_ms=batch.durations_ms,
             ranges=batch.ranges,
             sources=self.sources,
@@ -655,19 +786,13 @@ class MicroBatchExecution:
             schema_mismatch=result.schema_mismatch,
             late_rows=result.late_rows,
             state=result.state,
-            state_committed=self.executor.state_metrics(),
-            eviction={
-                op.operator_id: op.eviction(has_watermark=has_watermark)
-                for op in self.executor.operators
-            },
-            watermark_partitions=self.tracker.partition_report(batch.timestamp_ms),
             sink_description=self.sink.describe(),
             sink_metrics=self.sink.metrics(),
             latency=self.sink.latency(batch.batch_id)
             if isinstance(self.sink, LatencyProbe)
             else None,
             previous=self.progress.recent[-1] if self.progress.recent else None,
-            executor=self.executor.batch_profile(),
+            **engine,
         )
         record = progress_record(facts, now_ms=int(self.clock() * 1000))
         self.falling_behind = record["falling_behind"]
@@ -680,11 +805,12 @@ class MicroBatchExecution:
         self.status_message = "running"
         with durability_level(self.durability):
             self.loop.run(self)
+            self.settle()
 
     # the BatchRunner protocol of microbatch.engine.trigger_loops
 
     def has_pending(self) -> bool:
-        return self.pending is not None
+        return bool(self.recovered)
 
     def committed_offsets(self) -> dict[str, Offset]:
         return dict(self.committed)
@@ -702,18 +828,22 @@ class MicroBatchExecution:
         return self.clock()
 
     def wait(self, seconds: float) -> None:
-        """Wait for the next tick; ``stop`` and ``process_all_available`` wake it early."""
+        """Wait for the next tick; ``stop`` and ``process_all_available`` wake it early.
+        A pipelined batch in flight settles first (back to back, it overlaps the next)."""
         if seconds > 0:
+            self.settle()
             self.wake.wait(seconds)
         self.wake.clear()
 
     def end_of_input(self) -> None:
         """A bounded trigger processed everything: the flush batch when
         ``flush_at_end`` asks for it, and a note when the run found nothing new."""
+        self.settle()
         if self.stopping():
             return
         if self.flush_at_end:
             self.flush()
+            self.settle()
         if self.batches_this_run == 0:
             self.caught_up = self._caught_up_message()
 
@@ -740,6 +870,7 @@ class MicroBatchExecution:
                 "recompute the results from the start, run on a new checkpoint directory.")
 
     def idle(self) -> None:
+        self.settle()
         with self.cond:
             self.last_idle_plan = self.plans_started + 1
             self.cond.notify_all()

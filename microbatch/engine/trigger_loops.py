@@ -37,7 +37,8 @@ class BatchRunner(Protocol):
         ...
 
     def has_pending(self) -> bool:
-        """True when a batch written ahead but not committed waits to be re-run."""
+        """True when a batch written ahead but not committed waits to be re-run
+        (two at most: a pipelined query's batch in flight and the next one)."""
         ...
 
     def committed_offsets(self) -> dict[str, Offset]:
@@ -117,7 +118,7 @@ class OnceLoop:
     drains_backlog = False
 
     def run(self, runner: BatchRunner) -> None:
-        if runner.has_pending():
+        while runner.has_pending():  # NOTE: two, when a pipelined batch was in flight
             runner.run_batch()
         runner.run_batch(capped=False)
         # the no-data batch that the advanced watermark calls for, no new data

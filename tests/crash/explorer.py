@@ -363,10 +363,16 @@ PATHS: dict[str, harness.JobSpec] = {
     "state store snapshot + changelog": harness.JobSpec(
         source="files", agg="session", sink="parquet", files=8, cap=1, gap="3s",
         snapshot_every=2, state_retention=2),
+    "pipelined: file -> Delta, sessions": harness.JobSpec(
+        source="files", agg="session", sink="delta", files=8, cap=1, gap="3s",
+        snapshot_every=2, state_retention=2, pipelined=True),
 }
 """The job paths explored: the reliability job's files source (JSON lines with
 bad lines) into a Parquet or Delta sink; the third snapshots every 2 versions
-and purges beyond 2, so snapshots, changelogs and deletes all happen."""
+and purges beyond 2, so snapshots, changelogs and deletes all happen. The
+fourth runs ``pipelined``: batch N's Delta commit and ``commits/N`` interleave
+with batch N+1's write-ahead and state commit, so a crash may leave two batches
+uncommitted."""
 
 FROM_SCRATCH = frozenset({"first start: file -> Parquet"})
 """Paths recorded from an empty directory: the first run creates the checkpoint,
@@ -403,7 +409,8 @@ def run_job(spec: harness.JobSpec, work: Path) -> None:
               "gap": spec.gap, "delay": spec.delay}
     with state_store_defaults(spec):
         query = reliability_job.build(params).start(checkpoint=work / "chk",
-                                                   trigger="available-now")
+                                                   trigger="available-now",
+                                                   pipelined=spec.pipelined)
         try:
             query.await_termination()
         finally:

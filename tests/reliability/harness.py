@@ -117,6 +117,8 @@ class JobSpec:
     """The webhook receiver (set by :meth:`Soak.prepare`, which runs it)."""
     webhook_fail_rate: float = 0.05
     """Share of POSTs the receiver answers with 503 (retried by the sink)."""
+    pipelined: bool = False
+    """Run with ``--pipelined`` (sink and commit of N beside batch N+1)."""
 
     @property
     def landed_input(self) -> bool:
@@ -382,7 +384,8 @@ class Soak:
             when, kind = kill.point.split(":")
             env["RELIABILITY_STATE_FAULT"] = f"{when}:{kind}:{(kill.batch or 0) + 1}"
         cmd = [sys.executable, "-m", "microbatch.cli", "run", str(JOB), "--checkpoint",
-               str(self.chk), "--trigger", "available-now", *self.spec.params(self.work)]
+               str(self.chk), "--trigger", "available-now", *self.spec.params(self.work),
+               *(["--pipelined"] if self.spec.pipelined else [])]
         log = self.work / "stderr.log"
         started = time.monotonic()
         with log.open("wb") as err:

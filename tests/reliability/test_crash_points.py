@@ -132,3 +132,17 @@ def test_fire_once_alerts_fire_once_across_kills(tmp_path: Path) -> None:
     want = expected_output(spec, input_rows(spec))
     early = out.join(want, on=["window_start", "card_id"]).filter(pl.col("n") < pl.col("n_right"))
     assert early.height > 0
+
+
+@pytest.mark.delta
+def test_pipelined_job_survives_kills_at_every_lifecycle_point(tmp_path: Path) -> None:
+    """``--pipelined``: a batch's Delta commit and ``commits/N`` run beside the next
+    batch's write-ahead, read, execute and state commit, so a kill may leave two
+    batches uncommitted; every point of both threads, a SIGTERM (which lets the
+    batch in flight finish) and random kills; the output stays exact."""
+    spec = JobSpec(source="files", sink="delta", files=24, cap=1, pipelined=True)
+    run = soak(spec, tmp_path, kills=len(points_for(spec)) + 2, seed=19, sigterms=1)
+
+    assert_exact(run)
+    killed = {label.split("@")[0].removeprefix("state ") for label in run.killed_at()}
+    assert killed >= set(points_for(spec)), run.history()
