@@ -168,11 +168,17 @@ def note_written(paths: Sequence[Path]) -> None:
 
 
 def write_atomic(
-    path: Path, data: bytes | Sequence[bytes | memoryview], *, durable: bool = True
+    path: Path,
+    data: bytes | memoryview | Sequence[bytes | memoryview],
+    *,
+    durable: bool = True,
+    sync_dir: bool = True,
 ) -> int:
     """Replace ``path`` with ``data`` (bytes, or pieces written in order) so that
     readers never see a partial file; return the bytes written. ``durable=False``
-    skips the fsyncs (atomic, but may be lost on a power failure)."""
+    skips the fsyncs (atomic, but may be lost on a power failure);
+    ``sync_dir=False`` fsyncs the file but leaves the directory fsync to the
+    caller, who may publish several files in it first (as :func:`write_with`)."""
     pieces = [data] if isinstance(data, bytes | memoryview) else data
     tmp = temp_path(path)
     written = 0
@@ -196,7 +202,7 @@ def write_atomic(
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
-    if durable:
+    if durable and sync_dir:
         fsync_dir(path.parent)
     return written
 
