@@ -66,9 +66,14 @@ class OffsetEntry:
     """What must not change across restarts (the sources' identities)."""
     fingerprint: str = ""
     """A hash of the whole job's configuration when the batch was planned."""
+    previous_commit: CommitEntry | None = None
+    """Group commit: ``commits/N-1`` again, made durable by this entry's fsync
+    (the commit file itself is written without one); ``None`` in entries
+    written before group commit, and for a batch whose predecessor's commit
+    was already made durable on its own (the query went idle or stopped)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "batch_id": self.batch_id,
             "sources": {sid: {"start": s, "end": e} for sid, (s, e) in self.sources.items()},
             "watermark_ms": self.watermark_ms,
@@ -76,6 +81,9 @@ class OffsetEntry:
             "identity": dict(self.identity),
             "fingerprint": self.fingerprint,
         }
+        if self.previous_commit is not None:
+            doc["previous_commit"] = self.previous_commit.to_json()
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], *, where: str) -> Self:
@@ -92,7 +100,24 @@ class OffsetEntry:
             timestamp_ms=_field(doc, "timestamp_ms", int, where),
             identity=doc.get("identity") or {},
             fingerprint=str(doc.get("fingerprint") or ""),
+            previous_commit=_previous_commit(doc, where),
         )
+
+
+def _previous_commit(doc: Mapping[str, Any], where: str) -> CommitEntry | None:
+    """The commit of the batch before, embedded by group commit (``None``: none)."""
+    body = doc.get("previous_commit")
+    if body is None:
+        return None
+    if not isinstance(body, dict):
+        raise CheckpointCorruptError(f"{where}: 'previous_commit' is not an object")
+    entry = CommitEntry.from_json(body, where=f"{where} (previous_commit)")
+    if entry.batch_id != _field(doc, "batch_id", int, where) - 1:
+        raise CheckpointCorruptError(
+            f"{where}: 'previous_commit' commits batch {entry.batch_id}, not the batch "
+            "before this one; the file was edited"
+        )
+    return entry
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,10 @@ class MicroBatchExecution:
         self.next_batch_id = 0
         self.committed: dict[str, Offset] = {}
         self.pending: PlannedBatch | None = None
+        self.unsynced_commit: CommitEntry | None = None
+        """Group commit: ``commits/N`` written without fsync, made durable by
+        ``offsets/N+1`` (which embeds it) or by :meth:`sync_commit`."""
+        self._fingerprint: str | None = None
         self.progress = ProgressStore(None)
         self.falling_behind = False
         # coordination with the StreamingQuery handle (other threads)
@@ -303,7 +307,13 @@ class MicroBatchExecution:
         return {"sources": {sid: s.identity() for sid, s in self.sources.items()}}
 
     def fingerprint(self) -> str:
-        """A hash of the whole job's configuration, recorded per batch."""
+        """A hash of the whole job's configuration, recorded per batch (computed
+        once: the configuration cannot change while the query runs)."""
+        if self._fingerprint is None:
+            self._fingerprint = self._compute_fingerprint()
+        return self._fingerprint
+
+    def _compute_fingerprint(self) -> str:
         doc = {
             "identity": self.identity(),
             "plan": self.plan.explain(),
@@ -317,6 +327,7 @@ class MicroBatchExecution:
     def recover(self) -> None:
         """Find where to resume; see the module docstring for the rule."""
         offsets, commits = self.checkpoint.offsets, self.checkpoint.commits
+        self.checkpoint.repair_commits()  # NOTE: group commit; before commits/ is read
         offsets.check_contiguous()
         commits.check_contiguous()
         last = offsets.latest()
@@ -477,7 +488,14 @@ class MicroBatchExecution:
         return batch
 
     def write_ahead(self, batch: PlannedBatch) -> None:
-        """Step 2: record batch N durably; from here it is fixed forever."""
+        """Step 2: record batch N durably; from here it is fixed forever.
+
+        Group commit: the entry carries ``commits/N-1`` when that was written
+        without fsync, so one durable write makes both durable."""
+        previous = self.unsynced_commit
+        if previous is not None and previous.batch_id != batch.batch_id - 1:
+            self.sync_commit()  # NOTE: only the batch right before may ride along
+            previous = None
         self.checkpoint.offsets.add(
             OffsetEntry(
                 batch_id=batch.batch_id,
@@ -486,8 +504,10 @@ class MicroBatchExecution:
                 timestamp_ms=batch.timestamp_ms,
                 identity=self.identity(),
                 fingerprint=self.fingerprint(),
+                previous_commit=previous,
             )
         )
+        self.unsynced_commit = None
         self.pending = batch
 
     def read_inputs(self, batch: PlannedBatch) -> tuple[dict[str, pl.DataFrame], pl.DataFrame]:
@@ -602,17 +622,23 @@ class MicroBatchExecution:
         self.sink.add_batch(batch.batch_id, output)
 
     def commit(self, batch: PlannedBatch) -> None:
-        """Step 6: state version N+1, then ``commits/N`` with the next watermark."""
+        """Step 6: state version N+1, then ``commits/N`` with the next watermark.
+
+        Group commit: ``commits/N`` is written atomically but without fsync; it
+        is made durable inside ``offsets/N+1`` (the next write-ahead), or by
+        :meth:`sync_commit` when the query waits or stops. A power loss before
+        that re-runs batch N from ``offsets/N`` (the recovery rule), which the
+        sinks' idempotency absorbs; a killed process loses nothing."""
         self.executor.commit()
         fault_point("after_state_commit", batch.batch_id)
-        self.checkpoint.commits.add(
-            CommitEntry(
-                batch_id=batch.batch_id,
-                next_watermark_ms=self.tracker.current,
-                watermark=self.tracker.to_json(),
-                committed_at_ms=int(self.clock() * 1000),
-            )
+        entry = CommitEntry(
+            batch_id=batch.batch_id,
+            next_watermark_ms=self.tracker.current,
+            watermark=self.tracker.to_json(),
+            committed_at_ms=int(self.clock() * 1000),
         )
+        self.checkpoint.commits.add(entry, durable=False)
+        self.unsynced_commit = entry
         self.pending = None
         self.watermark_in_force = batch.watermark_ms
         self.committed = {sid: end for sid, (_, end) in batch.ranges.items()}
@@ -676,10 +702,21 @@ class MicroBatchExecution:
     # ---------------------------------------------------------- trigger loop
 
     def run(self) -> None:
-        """Run batches as the trigger's loop says, until it ends or stop is asked."""
+        """Run batches as the trigger's loop says, until it ends or stop is asked;
+        the last batch's commit is durable when it returns."""
         self.status_message = "running"
         with durability_level(self.durability):
-            self.loop.run(self)
+            try:
+                self.loop.run(self)
+            finally:
+                self.sync_commit()
+
+    def sync_commit(self) -> None:
+        """Make the last ``commits/N`` durable on its own (group commit had no next
+        write-ahead to ride in: the query waits for its trigger, or stops)."""
+        if self.unsynced_commit is not None:
+            self.checkpoint.commits.sync(self.unsynced_commit.batch_id)
+            self.unsynced_commit = None
 
     # the BatchRunner protocol of microbatch.engine.trigger_loops
 
@@ -702,8 +739,10 @@ class MicroBatchExecution:
         return self.clock()
 
     def wait(self, seconds: float) -> None:
-        """Wait for the next tick; ``stop`` and ``process_all_available`` wake it early."""
+        """Wait for the next tick; ``stop`` and ``process_all_available`` wake it early.
+        An idle query's last commit is made durable first."""
         if seconds > 0:
+            self.sync_commit()
             self.wake.wait(seconds)
         self.wake.clear()
 
