@@ -473,6 +473,7 @@ class MicroBatchExecution:
         if not has_data and not (
             watermark_moved and self.executor.has_expirable_state(next_watermark)
         ) and not self.executor.due(now_ms, next_watermark):
+            self.sync_commit()  # idle: no next write-ahead to carry the last commit
             with self.cond:
                 self.last_idle_plan = plan_no
                 self.cond.notify_all()
@@ -626,7 +627,7 @@ class MicroBatchExecution:
 
         Group commit: ``commits/N`` is written atomically but without fsync; it
         is made durable inside ``offsets/N+1`` (the next write-ahead), or by
-        :meth:`sync_commit` when the query waits or stops. A power loss before
+        :meth:`sync_commit` when the query finds nothing new or stops. A power loss before
         that re-runs batch N from ``offsets/N`` (the recovery rule), which the
         sinks' idempotency absorbs; a killed process loses nothing."""
         self.executor.commit()
@@ -713,7 +714,7 @@ class MicroBatchExecution:
 
     def sync_commit(self) -> None:
         """Make the last ``commits/N`` durable on its own (group commit had no next
-        write-ahead to ride in: the query waits for its trigger, or stops)."""
+        write-ahead to ride in: the query found nothing new, or stops)."""
         if self.unsynced_commit is not None:
             self.checkpoint.commits.sync(self.unsynced_commit.batch_id)
             self.unsynced_commit = None
@@ -739,10 +740,8 @@ class MicroBatchExecution:
         return self.clock()
 
     def wait(self, seconds: float) -> None:
-        """Wait for the next tick; ``stop`` and ``process_all_available`` wake it early.
-        An idle query's last commit is made durable first."""
+        """Wait for the next tick; ``stop`` and ``process_all_available`` wake it early."""
         if seconds > 0:
-            self.sync_commit()
             self.wake.wait(seconds)
         self.wake.clear()
 
