@@ -47,7 +47,7 @@ def oracle(rows: pl.DataFrame) -> pl.DataFrame:
     return rows.filter(PREDICATE).sort("id")
 
 
-@settings(max_examples=4, deadline=None,
+@settings(max_examples=3, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cuts=st.lists(st.integers(1, ROWS.height - 1), min_size=2, max_size=5, unique=True))
 def test_each_write_ahead_carries_the_commit_before_it(
