@@ -709,8 +709,13 @@ class MicroBatchExecution:
         with durability_level(self.durability):
             try:
                 self.loop.run(self)
-            finally:
-                self.sync_commit()
+            except BaseException:
+                try:
+                    self.sync_commit()
+                except Exception:  # NOTE: the batch's own error is the one to report
+                    log.exception("could not make the last commit entry durable")
+                raise
+            self.sync_commit()
 
     def sync_commit(self) -> None:
         """Make the last ``commits/N`` durable on its own (group commit had no next
