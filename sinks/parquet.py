@@ -12,9 +12,12 @@ Protocol for batch ``N`` (NOTE: the order is what makes it exactly-once):
 1. If ``_manifest/N.json`` exists, batch ``N`` is committed: return.
 2. Write each data file under a hidden temp name, fsync it, rename it to its
    deterministic name ``part-{N:010d}-{i:05d}.parquet``, fsync the directories.
+   Meanwhile, on a helper thread, write ``_manifest/N.json``'s temp file (the
+   files, their row counts and sizes, inside a checksummed envelope) and fsync
+   it: the two fsyncs in flight share one journal commit.
 3. ``ctx.at("sink.after_data", N)``.
-4. Write ``_manifest/N.json`` atomically (temp, fsync, rename, fsync dir):
-   the files, their row counts and sizes, inside a checksummed envelope.
+4. Rename the manifest entry's temp file to ``_manifest/N.json``, fsync the
+   directory.
 
 The manifest entry is the commit point. Readers (:func:`read_parquet_output`,
 :func:`committed_files`) read only listed files, so they never see a batch
@@ -35,7 +38,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from functools import partial
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import quote
@@ -45,7 +48,15 @@ import polars as pl
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.changes import changelog_rows
 from sinks.exceptions import SinkConfigError, SinkError
-from statestore.durable import fsync_dir, make_dirs, write_atomic, write_with
+from statestore.durable import (
+    discard_temp,
+    fsync_dir,
+    fsync_enabled,
+    make_dirs,
+    publish,
+    write_atomic,
+    write_temp,
+)
 
 ParquetCompression = Literal["lz4", "uncompressed", "snappy", "gzip", "brotli", "zstd"]
 
@@ -111,6 +122,7 @@ class ParquetSink(Sink):
         self._schema: dict[str, pl.DataType] | None = None
         """Columns of the last committed batch with rows: every batch keeps them."""
         self._schema_cache: tuple[tuple[tuple[str, pl.DataType], ...], str] | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def label(self) -> str:
@@ -165,12 +177,11 @@ class ParquetSink(Sink):
                 "cast), or write to a new directory."
             )
         try:
-            files, partitions = self._write_data(batch_id, df)
-        except (OSError, pl.exceptions.PolarsError) as exc:
+            encoded, files, partitions = self._encode_data(batch_id, df)
+        except pl.exceptions.PolarsError as exc:
             raise SinkError(
                 f"cannot write the data files of batch {batch_id} under {self._root}: {exc}"
             ) from exc
-        batch.at("sink.after_data")
         body: dict[str, Any] = {
             "batch_id": batch_id,
             "query_id": batch.query_id,
@@ -180,12 +191,41 @@ class ParquetSink(Sink):
             "partitions": _frame_to_text(partitions) if partitions is not None else None,
             "schema": self._schema_text(df),
         }
+        manifest = _encode(body)
+        # NOTE: the manifest entry's temp file is written and fsync'ed on a helper
+        # thread while the data files are (two fsyncs in flight share one journal
+        # commit); it is renamed, which makes it the commit point, only after the
+        # data files and their directories are durable and `sink.after_data`
+        durable = fsync_enabled() and bool(encoded)
+        pending = self._helper().submit(write_temp, entry, manifest) if durable else None
         try:
-            write_atomic(entry, _encode(body))
-        except OSError as exc:
-            raise SinkError(
-                f"cannot write manifest entry {entry} of batch {batch_id}: {exc}"
-            ) from exc
+            if pending is None:
+                write_temp(entry, manifest)
+            try:
+                self._write_files(encoded)
+            except OSError as exc:
+                raise SinkError(
+                    f"cannot write the data files of batch {batch_id} under {self._root}: {exc}"
+                ) from exc
+            try:
+                if pending is not None:
+                    pending.result()
+            except OSError as exc:
+                raise SinkError(
+                    f"cannot write manifest entry {entry} of batch {batch_id}: {exc}"
+                ) from exc
+            batch.at("sink.after_data")
+            try:
+                publish(entry)
+            except OSError as exc:
+                raise SinkError(
+                    f"cannot write manifest entry {entry} of batch {batch_id}: {exc}"
+                ) from exc
+        except BaseException:
+            if pending is not None:
+                wait([pending])
+            discard_temp(entry)
+            raise
         if df.height:
             self._schema = dict(df.schema)
 
@@ -205,27 +245,48 @@ class ParquetSink(Sink):
             self._schema_cache = (schema, _frame_to_text(df.clear()))
         return self._schema_cache[1]
 
-    def _write_data(
+    def _helper(self) -> ThreadPoolExecutor:
+        """The thread that writes the manifest entry's temp file (made on first use)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet-manifest")
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the helper thread."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def _encode_data(
         self, batch_id: int, df: pl.DataFrame
-    ) -> tuple[list[dict[str, Any]], pl.DataFrame | None]:
-        """Write the batch's files; return their manifest records and partition values."""
+    ) -> tuple[list[tuple[Path, memoryview]], list[dict[str, Any]], pl.DataFrame | None]:
+        """The batch's files encoded in memory (target, bytes), their manifest
+        records and partition values."""
         if df.height == 0:
-            return [], None
+            return [], [], None
         groups, partitions = self._split(batch_id, df)
+        encoded = []
         files = []
-        dirs: set[Path] = set()
         for rel, part in groups:
-            final = self._root / rel
-            make_dirs(final.parent)
-            write_with(
-                final,
-                partial(part.write_parquet, compression=self.compression, statistics=True),
-            )
-            files.append({"path": rel, "rows": part.height, "bytes": final.stat().st_size})
+            # NOTE: encoded in memory, then written once: Polars' own file writer
+            # costs ~0.5 ms more per file, and the bytes are the same
+            buffer = io.BytesIO()
+            part.write_parquet(buffer, compression=self.compression, statistics=True)
+            data = buffer.getbuffer()
+            encoded.append((self._root / rel, data))
+            files.append({"path": rel, "rows": part.height, "bytes": len(data)})
+        return encoded, files, partitions
+
+    def _write_files(self, encoded: list[tuple[Path, memoryview]]) -> None:
+        """Write each file (temp, fsync, rename), then fsync their directories."""
+        dirs: set[Path] = set()
+        for final, data in encoded:
+            if final.parent != self._root:
+                make_dirs(final.parent)
+            write_atomic(final, data, sync_dir=False)
             dirs.update(p for p in final.parents if p == self._root or self._root in p.parents)
         for directory in sorted(dirs, reverse=True):
             fsync_dir(directory)
-        return files, partitions
 
     def _split(
         self, batch_id: int, df: pl.DataFrame

@@ -34,14 +34,18 @@ from pathlib import Path
 
 __all__ = [
     "FileOp",
+    "discard_temp",
     "fsync_dir",
+    "fsync_enabled",
     "fsync_file",
     "make_dirs",
     "note_written",
+    "publish",
     "recording",
     "remove",
     "without_fsync",
     "write_atomic",
+    "write_temp",
     "write_with",
 ]
 
@@ -77,9 +81,14 @@ def recording(recorder: Callable[[FileOp], None]) -> Iterator[None]:
         _recorders.remove(recorder)
 
 
+_record_lock = threading.Lock()
+"""One operation at a time reaches the recorder (writes may come from two threads)."""
+
+
 def _record(kind: str, path: Path, target: Path | None = None, data: bytes | None = None) -> None:
     if _recorders:
-        _recorders[-1]((kind, path, target, data))
+        with _record_lock:
+            _recorders[-1]((kind, path, target, data))
 
 
 @contextmanager
@@ -168,11 +177,34 @@ def note_written(paths: Sequence[Path]) -> None:
 
 
 def write_atomic(
-    path: Path, data: bytes | Sequence[bytes | memoryview], *, durable: bool = True
+    path: Path,
+    data: bytes | memoryview | Sequence[bytes | memoryview],
+    *,
+    durable: bool = True,
+    sync_dir: bool = True,
 ) -> int:
     """Replace ``path`` with ``data`` (bytes, or pieces written in order) so that
     readers never see a partial file; return the bytes written. ``durable=False``
-    skips the fsyncs (atomic, but may be lost on a power failure)."""
+    skips the fsyncs (atomic, but may be lost on a power failure);
+    ``sync_dir=False`` fsyncs the file but leaves the directory fsync to the
+    caller, who may publish several files in it first (as :func:`write_with`)."""
+    written = write_temp(path, data, durable=durable)
+    publish(path, durable=durable, sync_dir=sync_dir)
+    return written
+
+
+def fsync_enabled() -> bool:
+    """Whether this thread's writes fsync (not inside :func:`without_fsync`): to
+    hand the caller's level to a helper thread (``write_temp(durable=...)``)."""
+    return _fsync_wanted()
+
+
+def write_temp(
+    path: Path, data: bytes | memoryview | Sequence[bytes | memoryview], *, durable: bool = True
+) -> int:
+    """The first half of :func:`write_atomic`: ``data`` under ``path``'s temp name,
+    fsync'ed when ``durable``; return the bytes written. Independent temp files
+    may be written (and fsync'ed) concurrently; :func:`publish` renames one."""
     pieces = [data] if isinstance(data, bytes | memoryview) else data
     tmp = temp_path(path)
     written = 0
@@ -191,14 +223,29 @@ def write_atomic(
                 _record("fsync", tmp)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
-        _record("rename", tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
-    if durable:
-        fsync_dir(path.parent)
     return written
+
+
+def publish(path: Path, *, durable: bool = True, sync_dir: bool = True) -> None:
+    """The second half of :func:`write_atomic`: rename the temp file written by
+    :func:`write_temp` to ``path``, then fsync the directory (``sync_dir``)."""
+    tmp = temp_path(path)
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    _record("rename", tmp, path)
+    if durable and sync_dir:
+        fsync_dir(path.parent)
+
+
+def discard_temp(path: Path) -> None:
+    """Remove a temp file :func:`write_temp` left unpublished (an aborted write)."""
+    remove(temp_path(path))
 
 
 def write_with(path: Path, write: Callable[[Path], None]) -> None:

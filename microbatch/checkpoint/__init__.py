@@ -4,8 +4,8 @@ Layout (docs/design.md)::
 
     chk/
       metadata            query id (stable across restarts), created_at, format
-      offsets/N           write-ahead log, one entry per batch
-      commits/N           commit log
+      offsets/N           write-ahead log, one entry per batch (with commits/N-1)
+      commits/N           commit log (group commit: durable through offsets/N+1)
       sources/<id>/...    a source's own durable log (e.g. the file ledger)
       state/<op>/...      state store versions
       progress/N          recent progress records (bounded)
@@ -15,6 +15,7 @@ Layout (docs/design.md)::
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -23,7 +24,13 @@ from typing import Any
 
 from microbatch.checkpoint.batch_log import BatchLog
 from microbatch.checkpoint.entries import CommitEntry, OffsetEntry
-from microbatch.checkpoint.files import make_dirs, read_json_object, write_json_atomic
+from microbatch.checkpoint.files import (
+    fsync_dir,
+    make_dirs,
+    read_json_object,
+    remove,
+    write_json_atomic,
+)
 from microbatch.checkpoint.lock import CheckpointLock, is_locked, read_lock_owner
 from microbatch.exceptions import CheckpointCorruptError, CheckpointError
 
@@ -36,6 +43,8 @@ __all__ = [
     "is_locked",
     "read_lock_owner",
 ]
+
+log = logging.getLogger("microbatch.checkpoint")
 
 
 class Checkpoint:
@@ -95,6 +104,55 @@ class Checkpoint:
                     "write replayed batches again. Restore the file, or start the query on "
                     "a new checkpoint directory."
                 )
+
+    def repair_commits(self) -> list[int]:
+        """Recovery's half of group commit; return the batch ids whose commit entry
+        was restored.
+
+        ``commits/N`` is written without fsync and made durable by a copy inside
+        ``offsets/N+1`` (or by its own fsync when the query goes idle or stops),
+        so after a power loss a commit file may be missing, empty or cut short::
+
+            for each offsets/K+1 embedding commit K, K above commits/durable
+            (the newest id synced on its own, at idle or stop: every entry up
+            to it is durable, so a missing one was deleted, an error later):
+                commits/K missing or torn -> write it again, durably
+            commits/last torn, and commits/durable below last -> remove it: batch
+                last was never durably committed and is re-run from offsets/last
+            no commits/durable (a new checkpoint, or one written before group
+                commit, whose commits were all fsync'ed) -> write it
+            (a torn commit that was made durable is damage: reading it fails,
+            naming the file)
+
+        NOTE: runs before anything reads ``commits/``.
+        """
+        ids = self.offsets.batch_ids()
+        committed = set(self.commits.batch_ids())
+        synced = self.commits.synced()
+        if synced is None:  # a new checkpoint, or one written before group commit
+            self.commits.mark_synced(max(committed, default=-1))
+            return []
+        restored = []
+        for batch_id in ids[1:]:
+            previous = batch_id - 1
+            # NOTE: entries up to `synced` were durable: a missing one was deleted
+            if previous <= synced or (previous in committed
+                                      and not self.commits.is_torn(previous)):
+                continue
+            entry = self.offsets.get(batch_id)
+            if entry is not None and entry.previous_commit is not None:
+                self.commits.restore(entry.previous_commit)
+                restored.append(previous)
+        last = ids[-1] if ids else -1
+        if last in committed and synced < last and self.commits.is_torn(last):
+            log.warning("%s is torn (written without fsync, cut by a power loss?); batch %d "
+                        "is re-run from its write-ahead entry", self.commits.path(last), last)
+            remove(self.commits.path(last))
+            fsync_dir(self.commits.directory)
+        if restored:
+            log.warning("restored the commit entries of batches %s from the write-ahead log",
+                        restored)
+        return restored
 
     def read_metadata(self) -> dict[str, Any]:
         """The metadata of an existing checkpoint."""

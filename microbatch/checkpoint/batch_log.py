@@ -9,12 +9,20 @@ a bound. Modeled on Spark's ``HDFSMetadataLog``.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Generic, TypeVar
 
 from microbatch.checkpoint.entries import LogEntry
-from microbatch.checkpoint.files import make_dirs, read_json, remove, write_json_atomic
+from microbatch.checkpoint.files import (
+    fsync_dir,
+    fsync_file,
+    make_dirs,
+    read_json,
+    remove,
+    write_json_atomic,
+)
 from microbatch.exceptions import CheckpointCorruptError, CheckpointError
 
 __all__ = ["BatchLog"]
@@ -39,8 +47,12 @@ class BatchLog(Generic[E]):
     def path(self, batch_id: int) -> Path:
         return self.directory / str(batch_id)
 
-    def add(self, entry: E) -> None:
-        """Durably record ``entry`` for its batch id; refuse to overwrite an entry."""
+    def add(self, entry: E, *, durable: bool = True) -> None:
+        """Record ``entry`` for its batch id; refuse to overwrite an entry.
+
+        Always atomic; ``durable=False`` skips the fsyncs (group commit: the
+        entry is made durable later by :meth:`sync`, or by a copy inside a
+        durable entry of another log)."""
         path = self.path(entry.batch_id)
         if path.exists():
             raise CheckpointError(
@@ -48,7 +60,57 @@ class BatchLog(Generic[E]):
                 "two writers on one checkpoint?"
             )
         make_dirs(self.directory)
-        write_json_atomic(path, self.kind, entry.to_json())
+        write_json_atomic(path, self.kind, entry.to_json(), durable=durable)
+
+    @property
+    def synced_path(self) -> Path:
+        """``<log>-durable`` beside the log: the newest id made durable by :meth:`sync`."""
+        return self.directory.with_name(f"{self.directory.name}-durable")
+
+    def sync(self, batch_id: int) -> None:
+        """Make an entry added with ``durable=False`` durable, and record that it is.
+
+        NOTE: the entry's data and name are durable before the marker is written:
+        a marker naming N means no entry up to N can be torn or lost by a power
+        loss (one that is, is damage)."""
+        fsync_file(self.path(batch_id))
+        fsync_dir(self.directory)
+        self.mark_synced(batch_id)
+
+    def mark_synced(self, batch_id: int) -> None:
+        """Record durably that every entry up to ``batch_id`` is durable."""
+        write_json_atomic(self.synced_path, f"{self.kind}-durable", {"batch_id": batch_id})
+
+    def synced(self) -> int | None:
+        """The newest id made durable by :meth:`sync` (-1: none yet; ``None``: the
+        log was never written with ``durable=False``, every entry is durable)."""
+        if not self.synced_path.exists():
+            return None
+        body = read_json(self.synced_path, f"{self.kind}-durable")
+        if not isinstance(body, dict) or not isinstance(body.get("batch_id"), int):
+            raise CheckpointCorruptError(
+                f"{self.synced_path} holds no batch id; the file was edited. Delete it: "
+                "the next start re-runs a batch whose commit it cannot verify."
+            )
+        return int(body["batch_id"])
+
+    def restore(self, entry: E) -> None:
+        """Durably write ``entry`` over a missing or torn file (recovery only)."""
+        make_dirs(self.directory)
+        write_json_atomic(self.path(entry.batch_id), self.kind, entry.to_json())
+
+    def is_torn(self, batch_id: int) -> bool:
+        """The entry's file exists but is not whole JSON: what a power loss leaves of
+        a file written without fsync (empty, or cut short)."""
+        try:
+            raw = self.path(batch_id).read_bytes()
+        except FileNotFoundError:
+            return False
+        try:
+            json.loads(raw)
+        except ValueError:
+            return True
+        return False
 
     def get(self, batch_id: int) -> E | None:
         """The entry for ``batch_id`` or ``None`` when there is none."""

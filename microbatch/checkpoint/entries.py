@@ -70,6 +70,11 @@ class OffsetEntry:
     """Earlier batches whose sink and commit were still running when this one
     was written ahead (a pipelined query): a restart may find them uncommitted
     and re-runs them first. Written only when not empty."""
+    previous_commit: CommitEntry | None = None
+    """Group commit: ``commits/N-1`` again, made durable by this entry's fsync
+    (the commit file itself is written without one); ``None`` in entries
+    written before group commit, and for a batch whose predecessor's commit
+    was already made durable on its own (the query went idle or stopped)."""
 
     def to_json(self) -> dict[str, Any]:
         doc = {
@@ -82,6 +87,8 @@ class OffsetEntry:
         }
         if self.in_flight:
             doc["in_flight"] = list(self.in_flight)
+        if self.previous_commit is not None:
+            doc["previous_commit"] = self.previous_commit.to_json()
         return doc
 
     @classmethod
@@ -100,6 +107,7 @@ class OffsetEntry:
             identity=doc.get("identity") or {},
             fingerprint=str(doc.get("fingerprint") or ""),
             in_flight=_batch_ids(doc.get("in_flight"), where),
+            previous_commit=_previous_commit(doc, where),
         )
 
 
@@ -111,6 +119,22 @@ def _batch_ids(value: Any, where: str) -> tuple[int, ...]:
     ):
         raise CheckpointCorruptError(f"{where}: 'in_flight' is not a list of batch ids: {value!r}")
     return tuple(value)
+
+
+def _previous_commit(doc: Mapping[str, Any], where: str) -> CommitEntry | None:
+    """The commit of the batch before, embedded by group commit (``None``: none)."""
+    body = doc.get("previous_commit")
+    if body is None:
+        return None
+    if not isinstance(body, dict):
+        raise CheckpointCorruptError(f"{where}: 'previous_commit' is not an object")
+    entry = CommitEntry.from_json(body, where=f"{where} (previous_commit)")
+    if entry.batch_id != _field(doc, "batch_id", int, where) - 1:
+        raise CheckpointCorruptError(
+            f"{where}: 'previous_commit' commits batch {entry.batch_id}, not the batch "
+            "before this one; the file was edited"
+        )
+    return entry
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from microbatch.exceptions import CheckpointCorruptError, CheckpointFormatError
-from statestore.durable import fsync_dir, make_dirs, remove, write_atomic
+from statestore.durable import fsync_dir, fsync_file, make_dirs, remove, write_atomic
 
 __all__ = [
     "encode",
     "fsync_dir",
+    "fsync_file",
     "make_dirs",
     "read_json",
     "read_json_object",

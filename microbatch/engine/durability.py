@@ -3,6 +3,9 @@
 - ``"fsync"`` (the default): every checkpoint, state and sink file is
   fsync'ed (and its directory) before the batch counts as committed: a
   committed batch survives the process, the machine or the power failing.
+  (Group commit: ``commits/N`` itself is made durable by the next batch's
+  write-ahead entry, or at idle or stop; a power loss before that re-runs
+  batch N, whose sink writes are already durable and idempotent.)
 - ``"process"``: the same writes, in the same order, each still atomic (temp
   file + rename), without the fsyncs. A committed batch survives the process
   crashing or being killed (the kernel still holds the data), not the machine

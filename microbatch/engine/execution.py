@@ -246,8 +246,12 @@ class MicroBatchExecution:
         self.committed: dict[str, Offset] = {}
         # the batch this thread runs (written ahead, not yet handed off or committed)
         self.pending: PlannedBatch | None = None
+        # batches written ahead but not committed before a restart: re-run first, in order
         self.recovered: list[PlannedBatch] = []
-        """Batches written ahead but not committed before a restart: re-run first, in order."""
+        # group commit: commits/N written without fsync, made durable by offsets/N+1
+        # (which embeds it) or by sync_commit()
+        self.unsynced_commit: CommitEntry | None = None
+        self._fingerprint: str | None = None
         self.progress = ProgressStore(None)
         self.falling_behind = False
         # coordination with the StreamingQuery handle (other threads)
@@ -332,7 +336,13 @@ class MicroBatchExecution:
         return {"sources": {sid: s.identity() for sid, s in self.sources.items()}}
 
     def fingerprint(self) -> str:
-        """A hash of the whole job's configuration, recorded per batch."""
+        """A hash of the whole job's configuration, recorded per batch (computed
+        once: the configuration cannot change while the query runs)."""
+        if self._fingerprint is None:
+            self._fingerprint = self._compute_fingerprint()
+        return self._fingerprint
+
+    def _compute_fingerprint(self) -> str:
         doc = {
             "identity": self.identity(),
             "plan": self.plan.explain(),
@@ -346,6 +356,7 @@ class MicroBatchExecution:
     def recover(self) -> None:
         """Find where to resume; see the module docstring for the rule."""
         offsets, commits = self.checkpoint.offsets, self.checkpoint.commits
+        self.checkpoint.repair_commits()  # NOTE: group commit; before commits/ is read
         offsets.check_contiguous()
         commits.check_contiguous()
         last = offsets.latest()
@@ -514,6 +525,7 @@ class MicroBatchExecution:
             watermark_moved and self.executor.has_expirable_state(next_watermark)
         ) and not self.executor.due(now_ms, next_watermark):
             self.settle()  # NOTE: "idle" below tells waiters that everything is committed
+            self.sync_commit()  # idle: no next write-ahead to carry the last commit
             with self.cond:
                 self.last_idle_plan = plan_no
                 self.cond.notify_all()
@@ -529,7 +541,14 @@ class MicroBatchExecution:
         return batch
 
     def write_ahead(self, batch: PlannedBatch) -> None:
-        """Step 2: record batch N durably; from here it is fixed forever."""
+        """Step 2: record batch N durably; from here it is fixed forever.
+
+        Group commit: the entry carries ``commits/N-1`` when that was written
+        without fsync, so one durable write makes both durable."""
+        previous = self.unsynced_commit
+        if previous is not None and previous.batch_id != batch.batch_id - 1:
+            self.sync_commit()  # NOTE: only the batch right before may ride along
+            previous = None
         self.checkpoint.offsets.add(
             OffsetEntry(
                 batch_id=batch.batch_id,
@@ -539,8 +558,10 @@ class MicroBatchExecution:
                 identity=self.identity(),
                 fingerprint=self.fingerprint(),
                 in_flight=() if self.in_flight is None else (self.in_flight[0].batch_id,),
+                previous_commit=previous,
             )
         )
+        self.unsynced_commit = None
 
     def read_inputs(self, batch: PlannedBatch) -> tuple[dict[str, pl.DataFrame], pl.DataFrame]:
         """Step 3: exactly the recorded range of every source, and its dead letters."""
@@ -654,9 +675,17 @@ class MicroBatchExecution:
         self.sink.add_batch(batch.batch_id, output)
 
     def commit(self, batch: PlannedBatch) -> None:
-        """Step 6: state version N+1, then ``commits/N`` with the next watermark."""
+        """Step 6: state version N+1, then ``commits/N`` with the next watermark.
+
+        Group commit: ``commits/N`` is written atomically but without fsync; it
+        is made durable inside ``offsets/N+1`` (the next write-ahead), or by
+        :meth:`sync_commit` when the query finds nothing new or stops. A power loss before
+        that re-runs batch N from ``offsets/N`` (the recovery rule), which the
+        sinks' idempotency absorbs; a killed process loses nothing."""
         self.commit_state(batch)
-        self.checkpoint.commits.add(self.commit_entry(batch))
+        entry = self.commit_entry(batch)
+        self.checkpoint.commits.add(entry, durable=False)
+        self.unsynced_commit = entry
         self.advance(batch)
         self.forget_before(batch)
 
@@ -801,11 +830,27 @@ class MicroBatchExecution:
     # ---------------------------------------------------------- trigger loop
 
     def run(self) -> None:
-        """Run batches as the trigger's loop says, until it ends or stop is asked."""
+        """Run batches as the trigger's loop says, until it ends or stop is asked;
+        the last batch's commit is durable when it returns."""
         self.status_message = "running"
         with durability_level(self.durability):
-            self.loop.run(self)
-            self.settle()
+            try:
+                self.loop.run(self)
+                self.settle()
+            except BaseException:
+                try:
+                    self.sync_commit()
+                except Exception:  # NOTE: the batch's own error is the one to report
+                    log.exception("could not make the last commit entry durable")
+                raise
+            self.sync_commit()
+
+    def sync_commit(self) -> None:
+        """Make the last ``commits/N`` durable on its own (group commit had no next
+        write-ahead to ride in: the query found nothing new, or stops)."""
+        if self.unsynced_commit is not None:
+            self.checkpoint.commits.sync(self.unsynced_commit.batch_id)
+            self.unsynced_commit = None
 
     # the BatchRunner protocol of microbatch.engine.trigger_loops
 
