@@ -12,12 +12,10 @@ Protocol for batch ``N`` (NOTE: the order is what makes it exactly-once):
 1. If ``_manifest/N.json`` exists, batch ``N`` is committed: return.
 2. Write each data file under a hidden temp name, fsync it, rename it to its
    deterministic name ``part-{N:010d}-{i:05d}.parquet``, fsync the directories.
-   Meanwhile, on a helper thread, write ``_manifest/N.json``'s temp file (the
-   files, their row counts and sizes, inside a checksummed envelope) and fsync
-   it: the two fsyncs in flight share one journal commit.
+   Each file is encoded in memory first and written with one ``write``.
 3. ``ctx.at("sink.after_data", N)``.
-4. Rename the manifest entry's temp file to ``_manifest/N.json``, fsync the
-   directory.
+4. Write ``_manifest/N.json`` atomically (temp, fsync, rename, fsync dir):
+   the files, their row counts and sizes, inside a checksummed envelope.
 
 The manifest entry is the commit point. Readers (:func:`read_parquet_output`,
 :func:`committed_files`) read only listed files, so they never see a batch
@@ -38,7 +36,6 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import quote
@@ -48,15 +45,7 @@ import polars as pl
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext
 from sinks.changes import changelog_rows
 from sinks.exceptions import SinkConfigError, SinkError
-from statestore.durable import (
-    discard_temp,
-    fsync_dir,
-    fsync_enabled,
-    make_dirs,
-    publish,
-    write_atomic,
-    write_temp,
-)
+from statestore.durable import fsync_dir, make_dirs, write_atomic
 
 ParquetCompression = Literal["lz4", "uncompressed", "snappy", "gzip", "brotli", "zstd"]
 
@@ -122,7 +111,6 @@ class ParquetSink(Sink):
         self._schema: dict[str, pl.DataType] | None = None
         """Columns of the last committed batch with rows: every batch keeps them."""
         self._schema_cache: tuple[tuple[tuple[str, pl.DataType], ...], str] | None = None
-        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def label(self) -> str:
@@ -177,11 +165,12 @@ class ParquetSink(Sink):
                 "cast), or write to a new directory."
             )
         try:
-            encoded, files, partitions = self._encode_data(batch_id, df)
-        except pl.exceptions.PolarsError as exc:
+            files, partitions = self._write_data(batch_id, df)
+        except (OSError, pl.exceptions.PolarsError) as exc:
             raise SinkError(
                 f"cannot write the data files of batch {batch_id} under {self._root}: {exc}"
             ) from exc
+        batch.at("sink.after_data")
         body: dict[str, Any] = {
             "batch_id": batch_id,
             "query_id": batch.query_id,
@@ -191,41 +180,12 @@ class ParquetSink(Sink):
             "partitions": _frame_to_text(partitions) if partitions is not None else None,
             "schema": self._schema_text(df),
         }
-        manifest = _encode(body)
-        # NOTE: the manifest entry's temp file is written and fsync'ed on a helper
-        # thread while the data files are (two fsyncs in flight share one journal
-        # commit); it is renamed, which makes it the commit point, only after the
-        # data files and their directories are durable and `sink.after_data`
-        durable = fsync_enabled() and bool(encoded)
-        pending = self._helper().submit(write_temp, entry, manifest) if durable else None
         try:
-            if pending is None:
-                write_temp(entry, manifest)
-            try:
-                self._write_files(encoded)
-            except OSError as exc:
-                raise SinkError(
-                    f"cannot write the data files of batch {batch_id} under {self._root}: {exc}"
-                ) from exc
-            try:
-                if pending is not None:
-                    pending.result()
-            except OSError as exc:
-                raise SinkError(
-                    f"cannot write manifest entry {entry} of batch {batch_id}: {exc}"
-                ) from exc
-            batch.at("sink.after_data")
-            try:
-                publish(entry)
-            except OSError as exc:
-                raise SinkError(
-                    f"cannot write manifest entry {entry} of batch {batch_id}: {exc}"
-                ) from exc
-        except BaseException:
-            if pending is not None:
-                wait([pending])
-            discard_temp(entry)
-            raise
+            write_atomic(entry, _encode(body))
+        except OSError as exc:
+            raise SinkError(
+                f"cannot write manifest entry {entry} of batch {batch_id}: {exc}"
+            ) from exc
         if df.height:
             self._schema = dict(df.schema)
 
@@ -245,17 +205,13 @@ class ParquetSink(Sink):
             self._schema_cache = (schema, _frame_to_text(df.clear()))
         return self._schema_cache[1]
 
-    def _helper(self) -> ThreadPoolExecutor:
-        """The thread that writes the manifest entry's temp file (made on first use)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet-manifest")
-        return self._pool
-
-    def close(self) -> None:
-        """Stop the helper thread."""
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+    def _write_data(
+        self, batch_id: int, df: pl.DataFrame
+    ) -> tuple[list[dict[str, Any]], pl.DataFrame | None]:
+        """Write the batch's files; return their manifest records and partition values."""
+        encoded, files, partitions = self._encode_data(batch_id, df)
+        self._write_files(encoded)
+        return files, partitions
 
     def _encode_data(
         self, batch_id: int, df: pl.DataFrame

@@ -17,7 +17,6 @@ from microbatch.plan.aggregates import parse_aggregations
 from microbatch.plan.changelog_inputs import (
     changelog_filter,
     is_changelog_schema,
-    refuse_aggregate_of_updates,
     relabel_filtered,
     selects_change_types,
 )
@@ -2250,7 +2249,7 @@ class GroupedStream:
             for name, expr in named_aggs.items()
         )
         specs = tuple(parse_aggregations(aggs + named))
-        refuse_aggregate_of_updates(self._stream.plan, "group_by(...).agg(...)")
+        _refuse_aggregate_of_updates(self._stream.plan, "group_by(...).agg(...)")
         if self._accumulation_mode == "discarding":
             assert not isinstance(self._window, SessionWindowSpec)  # refused by group_by
             return self._stream._with_plan(
@@ -2483,3 +2482,23 @@ def _why_schema_unknown(plan: PlanNode) -> str:
 def stream_of(source: Any) -> Stream:
     """A stream reading from ``source``."""
     return Stream(SourceNode(source))
+
+
+def _refuse_aggregate_of_updates(child: PlanNode, what: str) -> None:
+    """Refuse ``what`` (an aggregation) over the result of a windowless ``group_by``
+    reached through stateless steps only: that result is a stream of *updates*
+    (each batch re-emits a key's new value), so aggregating its rows again would
+    count every update as a new row, a wrong result without an error. Spark
+    refuses multiple streaming aggregations the same way."""
+    node = child
+    while isinstance(node, StepNode | WatermarkNode):
+        node = node.child
+    if isinstance(node, AggregateNode) and node.window is None:
+        raise ChangelogInputError(
+            f"{what} over the result of a windowless group_by({', '.join(node.keys)}): "
+            "that result is a stream of updates (every batch re-emits the new value of "
+            "each key it changed), so a second aggregation would count each update as "
+            "a new row. Aggregate in one step, window the first group_by (a window's "
+            "result is emitted once, when it closes), or keep the running figures "
+            "yourself with group_by(keys).transform_with_state(...)"
+        )

@@ -341,13 +341,16 @@ class WindowAggregate(SingleStoreOperator):
         return self._finalize(self._in_emit_order(closed))
 
     def _partials(self, df: pl.DataFrame, live: pl.LazyFrame) -> pl.DataFrame:
-        """The batch's partial aggregates per (window, keys): exact on the streaming
-        engine when every aggregate has an exact form and the batch has at least
-        ``EXACT_MIN_ROWS`` rows, else folded in row order by the in-memory engine;
-        either way a function of the batch's rows alone."""
+        """The batch's partial aggregates per (window, keys): exact when every
+        aggregate has an exact form (on the streaming engine from ``EXACT_MIN_ROWS``
+        rows, else the in-memory one: the same bits, so a shard of a scaled-out
+        query, which sees fewer rows, agrees with one process), else folded in row
+        order by the in-memory engine; either way a function of the batch's rows
+        alone."""
         assert self.window is not None
-        exact = None if df.height < EXACT_MIN_ROWS else exact_window_partials(
-            df, live, window_column=WS, spec=self.window, keys=self.keys, aggs=self.aggs
+        exact = exact_window_partials(
+            df, live, window_column=WS, spec=self.window, keys=self.keys, aggs=self.aggs,
+            streaming=df.height >= EXACT_MIN_ROWS,
         )
         if exact is not None:
             return exact
@@ -362,9 +365,10 @@ class WindowAggregate(SingleStoreOperator):
         if partials.is_empty():
             return partials
         assert self.window is not None
-        exact = None if partials.height < EXACT_MIN_ROWS else exact_window_merge(
+        exact = exact_window_merge(
             partials, window_column=WS, spec=self.window, keys=self.keys, aggs=self.aggs,
             constant=[EXPIRE, REV],  # a function of the window; -1 until emitted
+            streaming=partials.height >= EXACT_MIN_ROWS,
         )
         if exact is not None:
             return exact.select(list(self.row_schema))

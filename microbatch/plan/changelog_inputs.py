@@ -37,7 +37,6 @@ __all__ = [
     "changelog_filter",
     "check_retractable",
     "is_changelog_schema",
-    "refuse_aggregate_of_updates",
     "refuse_event_time_operator",
     "refuse_upsert_topics",
     "relabel_filtered",
@@ -59,28 +58,6 @@ _INSERT_ONLY_FIX = (
 def is_changelog_schema(schema: pl.Schema | None) -> bool:
     """Whether rows of ``schema`` are change rows (they carry ``_change_type``)."""
     return schema is not None and CHANGE_TYPE in schema
-
-
-def refuse_aggregate_of_updates(child: Any, what: str) -> None:
-    """Refuse ``what`` (an aggregation) over the result of a windowless ``group_by``
-    reached through stateless steps only: that result is a stream of *updates*
-    (each batch re-emits a key's new value), so aggregating its rows again would
-    count every update as a new row, a wrong result without an error. Spark
-    refuses multiple streaming aggregations the same way."""
-    from microbatch.plan.nodes import AggregateNode, StepNode, WatermarkNode
-
-    node = child
-    while isinstance(node, StepNode | WatermarkNode):
-        node = node.child
-    if isinstance(node, AggregateNode) and node.window is None:
-        raise ChangelogInputError(
-            f"{what} over the result of a windowless group_by({', '.join(node.keys)}): "
-            "that result is a stream of updates (every batch re-emits the new value of "
-            "each key it changed), so a second aggregation would count each update as "
-            "a new row. Aggregate in one step, window the first group_by (a window's "
-            "result is emitted once, when it closes), or keep the running figures "
-            "yourself with group_by(keys).transform_with_state(...)"
-        )
 
 
 def refuse_event_time_operator(schema: pl.Schema | None, what: str) -> None:
