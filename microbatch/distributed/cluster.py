@@ -86,6 +86,27 @@ class RayConnection:
             _Shared.users += 1
             self.connected = True
 
+    def lost_local_raylet(self) -> str | None:
+        """What became of the raylet of the local cluster this process started
+        (``None``: alive, or not a cluster started here).
+
+        Ray notices a dead raylet on its own only after its health checks
+        fail (about 17 s with the defaults) and meanwhile leaves a driver
+        waiting on actors that cannot start; the process handle tells at once."""
+        if not _Shared.started_here:
+            return None
+        import ray
+
+        node = getattr(ray._private.worker, "_global_node", None)  # NOTE: no public handle
+        handles = getattr(node, "all_processes", {}).get("raylet", []) if node else []
+        for handle in handles:
+            process = getattr(handle, "process", None)
+            code = None if process is None else process.poll()
+            if code is not None:
+                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                return f"the raylet (pid {process.pid}) of the local Ray cluster has exited ({how})"
+        return None
+
     def release(self) -> None:
         """Stop using Ray; the last query of a process that started a local
         cluster shuts it down."""

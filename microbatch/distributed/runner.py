@@ -42,6 +42,10 @@ from microbatch.plan.nodes import PlanNode
 from microbatch.types import OutputMode
 
 log = logging.getLogger("microbatch.distributed")
+
+HEALTH_CHECK_S = 0.5
+"""How often a driver waiting on its workers looks at the cluster's health
+(a GCS call; only while a step takes longer than this)."""
 T = TypeVar("T")
 
 
@@ -263,6 +267,8 @@ class ShardedRunner:
 
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))  # type: ignore[no-untyped-call]
         self.alive_nodes = nodes
+        self.worker_info = []  # NOTE: the old workers' nodes no longer matter
+        self._check_cluster()
         remote = ray.remote(ShardWorker)
         self.actors = [
             remote.options(
@@ -325,16 +331,29 @@ class ShardedRunner:
 
     def _get(self, refs: list[Any]) -> list[Any]:
         """``ray.get`` with the errors of lost workers as :class:`_WorkerLost`
-        and the engine's own errors raised as they are."""
+        and the engine's own errors raised as they are.
+
+        Waits in slices of :data:`HEALTH_CHECK_S` and looks at the cluster
+        between them (:meth:`_check_cluster`): a dead node or a dead local
+        raylet is found within seconds, not after ``worker_timeout``."""
         import ray
         from ray import exceptions as rex
 
+        if not refs:
+            return []
+        deadline = time.monotonic() + self.worker_timeout_s
         try:
-            return list(ray.get(refs, timeout=self.worker_timeout_s))
-        except rex.GetTimeoutError as exc:
-            raise _WorkerLost(
-                f"no answer from a worker within {self.worker_timeout_s:g}s"
-            ) from exc
+            while True:
+                left = deadline - time.monotonic()
+                _, waiting = ray.wait(refs, num_returns=len(refs),
+                                      timeout=max(0.0, min(HEALTH_CHECK_S, left)),
+                                      fetch_local=False)
+                if not waiting:
+                    return list(ray.get(refs))
+                if left <= HEALTH_CHECK_S:
+                    raise _WorkerLost(
+                        f"no answer from a worker within {self.worker_timeout_s:g}s")
+                self._check_cluster()
         except rex.RayTaskError as exc:
             cause = exc.cause
             if isinstance(cause, MicrobatchError):
@@ -345,7 +364,42 @@ class ShardedRunner:
                 raise cause from exc
             raise
         except (rex.RayActorError, rex.ObjectLostError, rex.OwnerDiedError) as exc:
+            self._check_cluster()  # NOTE: a worker dies with its raylet: say which it was
             raise _WorkerLost(f"{type(exc).__name__}: {first_line(exc)}") from exc
+
+    def _check_cluster(self) -> None:
+        """Raise :class:`~microbatch.ExecutorError` when the cluster cannot run
+        the query any more (the local raylet this process started is gone, or no
+        node is alive), :class:`_WorkerLost` when a node of a worker died."""
+        import ray
+
+        gone = self.connection.lost_local_raylet()
+        if gone is not None:
+            raise ExecutorError(
+                f"{gone}: its workers and object store went with it and this process "
+                "cannot start new ones. Nothing of the running batch is committed; start "
+                "the job again (it starts a new local cluster and re-runs the batch from "
+                "the checkpoint), and look for what killed the raylet (the OOM killer: "
+                "dmesg; Ray's logs under /tmp/ray/session_latest/logs)."
+            )
+        try:
+            nodes = ray.nodes()  # type: ignore[no-untyped-call]
+        except Exception as exc:  # NOTE: Ray raises several kinds when its GCS is gone
+            raise ExecutorError(
+                f"cannot reach the Ray cluster's control store (GCS): {first_line(exc)}. "
+                "Nothing of the running batch is committed; once the cluster is back "
+                "(ray status), start the job again: it re-runs the batch from the checkpoint."
+            ) from exc
+        alive = {n["NodeID"] for n in nodes if n.get("Alive")}
+        if not alive:
+            raise ExecutorError(
+                "the Ray cluster has no live node left (ray status shows them); nothing of "
+                "the running batch is committed. Start the cluster's nodes again, then the "
+                "job: it re-runs the batch from the checkpoint."
+            )
+        dead = sorted({info["node_id"] for info in self.worker_info} - alive)
+        if dead:
+            raise _WorkerLost(f"Ray node {', '.join(d[:12] for d in dead)} died")
 
 
 class _WorkerLost(Exception):

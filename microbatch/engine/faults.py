@@ -3,7 +3,9 @@
 Set ``MICROBATCH_FAULT`` to ``POINT`` or ``POINT@BATCH`` (comma-separated for
 several) and the process kills itself with SIGKILL when the engine reaches
 that point (for that batch id). With ``MICROBATCH_FAULT_ACTION=raise`` it
-raises :class:`InjectedFault` instead, for in-process tests.
+raises :class:`InjectedFault` instead, for in-process tests; with
+``pause`` it stops there for good (a hung process, for tests that kill
+something else meanwhile).
 
 Points, in lifecycle order: ``after_plan``, ``after_write_ahead``,
 ``after_read``, ``after_execute``, ``sink.after_data`` /
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 
 POINTS = (
@@ -76,6 +79,9 @@ def fault_point(name: str, batch_id: int) -> None:
                     continue
             if os.environ.get("MICROBATCH_FAULT_ACTION") == "raise":
                 raise InjectedFault(f"injected fault at {name} in batch {batch_id}")
+            if os.environ.get("MICROBATCH_FAULT_ACTION") == "pause":
+                while True:
+                    time.sleep(3600)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
