@@ -31,3 +31,21 @@ def ray_cluster() -> Iterator[str]:
                  _node_ip_address="127.0.0.1")
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Kafka broker for the worker-read tests: the one ``MICROBATCH_KAFKA_BOOTSTRAP``
+    names, or one started here (as ``tests/kafka/conftest.py`` does; Java needed,
+    so a machine without it fails here rather than skipping)."""
+    external = os.environ.get("MICROBATCH_KAFKA_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    from scripts.kafka_broker import LocalBroker
+
+    broker = LocalBroker(tmp_path_factory.mktemp("kafka-broker"))
+    try:
+        yield broker.start()
+    finally:
+        broker.stop()
