@@ -2,8 +2,10 @@
 
 Per batch (step 4 of the lifecycle, and the state part of step 6)::
 
-    map      every worker: a contiguous slice of each source's rows -> the
-             stateless steps -> rows entering the stateful nodes, cut by shard
+    map      every worker: its split of each source, read by itself (the driver
+             planned one split per worker from the recorded range), or a
+             contiguous slice of rows the driver read -> the stateless steps
+             -> rows entering the stateful nodes, cut by shard
     fold     the driver folds every worker's watermark facts into its tracker
     reduce   every worker, for each shard it owns: the pieces of all slices,
              in slice order -> the shard's operators -> output rows
@@ -12,10 +14,11 @@ Per batch (step 4 of the lifecycle, and the state part of step 6)::
 
 A worker that dies or stops answering anywhere in a batch is replaced; the
 new set of workers loads every shard's last committed state and the batch is
-run again from the rows the driver read for it (the same as re-reading its
-write-ahead entry). After ``max_worker_restarts`` replacements in one batch
-the query fails with :class:`~microbatch.ExecutorError`; a restart of the job
-recovers from the checkpoint as always.
+run again from the same splits (read again) or the rows the driver read for
+it (the same as re-reading its write-ahead entry). After
+``max_worker_restarts`` replacements in one batch the query fails with
+:class:`~microbatch.ExecutorError`; a restart of the job recovers from the
+checkpoint as always.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """One worker of a scaled-out query: a Ray actor that runs stateless steps on
 slices of a batch and owns some shards of the state.
 
-Per batch the driver calls :meth:`ShardWorker.map` on every worker (a slice
-of each source's rows -> the rows entering the plan's stateful nodes, cut into
-one piece per shard), then :meth:`ShardWorker.reduce` (each owned shard: the
-pieces of all workers, in slice order -> the shard's operators -> its output
-rows), then :meth:`ShardWorker.commit`. Each shard is a
+Per batch the driver calls :meth:`ShardWorker.map` on every worker (its split
+of each source, which it reads itself, or a slice of rows the driver read ->
+the rows entering the plan's stateful nodes, cut into one piece per shard),
+then :meth:`ShardWorker.reduce` (each owned shard: the pieces of all workers,
+in slice order -> the shard's operators -> its output rows), then
+:meth:`ShardWorker.commit`. Each shard is a
 :class:`~microbatch.engine.batch_executor.BatchExecutor` over the shard's own state
 directory, so a shard behaves exactly as the whole query does in one process,
 for the keys that hash to it.

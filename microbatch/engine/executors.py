@@ -9,6 +9,8 @@ progress records whatever the executor. An executor only decides where step
   driver's process, every operator's state in ``state/<operator>/``.
 - :class:`microbatch.RayExecutor` (``pip install 'microbatch[ray]'``): on Ray
   workers, the state split into shards by key (:mod:`microbatch.distributed`).
+  Its runner is a :class:`SplitRunner`: its workers also read the sources
+  (step 3), from splits the driver plans (:mod:`microbatch.engine.split_reads`).
 """
 
 from __future__ import annotations
