@@ -26,8 +26,11 @@ With ``--source files`` the batches are Parquet files instead (``FILES_PER_BATCH
 per batch, read with a declared schema), and the table compares who reads
 them on 2 workers: the driver (``RayExecutor(worker_reads=False)``: it reads,
 slices and ships every row) or the workers (each reads its own split of the
-batch's files; the driver only plans the splits). ``driver`` is the batch's
-time outside the workers' phases (plan, write-ahead, read, sink, commit log).
+batch's files; the driver only plans the splits). ``driver CPU/batch`` is the
+driver process's CPU time per batch (its read-ahead thread included: with a
+backlog the driver reads the next batch in the background, so its step 3
+"driver read" is near 0 either way); ``driver`` is the batch's wall time
+outside the workers' phases (plan, write-ahead, read, sink, commit log).
 
 Run: ``.venv/bin/python -m benchmarks.bench_scale_out [--reps 5] [--source files]``
 (``make bench-scale-out``; needs ``microbatch[ray]``).
@@ -100,9 +103,13 @@ FILES_PER_BATCH = 4
 FILE_EXECUTORS = ("local", "ray-2 driver reads", "ray-2 workers read")
 
 
-def run_files(executor: str, frames: list[pl.DataFrame], warm: int) -> list[dict[str, Any]]:
+def run_files(
+    executor: str, frames: list[pl.DataFrame], warm: int
+) -> tuple[list[dict[str, Any]], float]:
     """The progress records of the measured batches, each batch read from
-    ``FILES_PER_BATCH`` Parquet files written beforehand."""
+    ``FILES_PER_BATCH`` Parquet files written beforehand, and the driver
+    process's CPU time per batch (all its threads, the read-ahead's included;
+    start and stop of the query spread over the batches)."""
     landing = tempfile.mkdtemp(prefix="mb-scale-files-")
     for b, frame in enumerate(frames):
         size = -(-frame.height // FILES_PER_BATCH)
@@ -116,6 +123,7 @@ def run_files(executor: str, frames: list[pl.DataFrame], warm: int) -> list[dict
     ex = None if executor == "local" else mb.RayExecutor(
         workers=2, shards=4, worker_reads=executor.endswith("workers read"))
     name = f"scale_files_{time.monotonic_ns()}"
+    cpu0 = time.process_time()
     q = query(src).write_memory(name).start(tempfile.mkdtemp(prefix="mb-scale-"),
                                             trigger="available-now", executor=ex)
     try:
@@ -125,10 +133,12 @@ def run_files(executor: str, frames: list[pl.DataFrame], warm: int) -> list[dict
         records = [r for r in q.recent_progress if r["input_rows"] > 0]
     finally:
         q.stop()
-    return records[warm:]
+    cpu_ms = (time.process_time() - cpu0) * 1000 / max(len(records), 1)
+    return records[warm:], cpu_ms
 
 
-FILE_HEADER = ("rows/batch", "executor", "ms/batch", "driver read", "driver", "map (wall)",
+FILE_HEADER = ("rows/batch", "executor", "ms/batch", "driver CPU/batch", "driver read",
+               "driver", "map (wall)",
                "workers read (busy)", "shipped by driver", "exchanged")
 
 
@@ -136,11 +146,11 @@ def files_main(args: argparse.Namespace) -> None:
     """Who reads a file source's batches on 2 workers: the driver or the workers."""
     print(f"## file source, {FILES_PER_BATCH} Parquet files per batch, 2 workers")
     print()
-    print("\n".join(markdown_table(FILE_HEADER, [], align="rlrrrrrrr")))
+    print("\n".join(markdown_table(FILE_HEADER, [], align="rlrrrrrrrr")))
     for size in map(int, args.sizes.split(",")):
         frames = batches(size, args.warm + args.reps, seed=size)
         for executor in FILE_EXECUTORS:
-            records = run_files(executor, frames, args.warm)
+            records, cpu_ms = run_files(executor, frames, args.warm)
             d = [r["duration_ms"] for r in records]
             ex = [r.get("executor") or {} for r in records]
             total = median([x["total"] for x in d])
@@ -149,7 +159,7 @@ def files_main(args: argparse.Namespace) -> None:
             driver = median([x["total"] - p for x, p in zip(d, phases, strict=True)])
             read_busy = [sum(e.get("read_busy_ms", [])) for e in ex]
             print(markdown_row((
-                f"{size:,}", executor, f"{total:.1f}",
+                f"{size:,}", executor, f"{total:.1f}", f"{cpu_ms:.1f}",
                 f"{median([x.get('read', 0.0) for x in d]):.1f}", f"{driver:.1f}",
                 f"{median([e.get('map_ms', 0.0) for e in ex]):.1f}" if any(ex) else "",
                 f"{median(read_busy):.1f}" if any(read_busy) else "",
