@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,19 +34,9 @@ def ray_cluster() -> Iterator[str]:
     ray.shutdown()
 
 
-@pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Kafka broker for the worker-read tests: the one ``MICROBATCH_KAFKA_BOOTSTRAP``
-    names, or one started here (as ``tests/kafka/conftest.py`` does; Java needed,
-    so a machine without it fails here rather than skipping)."""
-    external = os.environ.get("MICROBATCH_KAFKA_BOOTSTRAP")
-    if external:
-        yield external
-        return
-    from scripts.kafka_broker import LocalBroker
 
-    broker = LocalBroker(tmp_path_factory.mktemp("kafka-broker"))
-    try:
-        yield broker.start()
-    finally:
-        broker.stop()
+@pytest.fixture
+def kafka_bootstrap(kafka_broker: Any) -> str:
+    """The ``host:port`` of this worker's session broker (``tests/conftest.py``:
+    the one the Kafka tests of this worker use too)."""
+    return str(kafka_broker.bootstrap)
