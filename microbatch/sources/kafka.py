@@ -612,7 +612,8 @@ class KafkaSource(Source):
             partition_ids = pl.Series("partition", parts[good], dtype=pl.Int32)
         else:
             partition_ids = pl.Series(
-                "partition", [f"{t}:{p}" for t, p in zip(topics[good], parts[good], strict=True)]
+                "partition", [f"{t}:{p}" for t, p in zip(topics[good], parts[good], strict=True)],
+                dtype=pl.String,  # NOTE: typed when empty too (an empty split's rows)
             )
         letters = empty_dead_letters()
         if decoded.bad:

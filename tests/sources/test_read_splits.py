@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from microbatch.sources.base import SourceBatch, SourceContext, balanced_runs
 from microbatch.sources.delta import DeltaSource
 from microbatch.sources.files import FileSource
+from microbatch.sources.kafka import KafkaSource, KafkaSplit
 from tests.delta.delta_helpers import append_versions, transactions
 
 SCHEMA = {"id": pl.Int64, "card": pl.Int64, "amount": pl.Float64}
@@ -130,3 +131,32 @@ def delta_table(tmp_path_factory: pytest.TempPathFactory) -> str:
     append_versions(path, [transactions(100 * v, 40 + v) for v in range(6)],
                     partition_by=["merchant"])
     return path
+
+
+@pytest.mark.parametrize("topics", [["t"], ["t", "u"]])
+def test_an_empty_kafka_split_has_the_columns_of_a_read(topics: list[str]) -> None:
+    """More workers than partitions with records: a worker's split is empty, and
+    its rows (none, no broker asked) have the columns and types of any read's,
+    partition ids included, so the workers' pieces concatenate."""
+    source = KafkaSource(topics, bootstrap="127.0.0.1:1", schema=SCHEMA)
+    assert [split.ranges for split in source.read_splits({}, {}, 3)] == [(), (), ()]
+    empty = pickle.loads(pickle.dumps(KafkaSplit(source._options, ()))).read()
+    assert empty.data.schema == source.schema
+    assert empty.data.height == 0
+    assert empty.partitions is not None
+    assert empty.partitions.dtype == (pl.Int32 if len(topics) == 1 else pl.String)
+    assert empty.dead_letters.height == 0
+
+
+def test_kafka_splits_are_runs_of_partitions_in_read_order() -> None:
+    """The partitions with records, in the (topic, partition) order of a read's
+    rows, cut into runs of about equal offsets; a partition missing from the
+    start is at 0, one without records in the range is left out."""
+    source = KafkaSource(["b", "a"], bootstrap="127.0.0.1:1", format="raw")
+    start = {"b:0": 5, "a:1": 100}
+    end = {"b:0": 25, "b:10": 30, "b:2": 12, "a:1": 100, "a:0": 10}
+    splits = source.read_splits(start, end, 2)
+    assert [split.ranges for split in splits] == [
+        ((("a", 0), 0, 10), (("b", 0), 5, 25), (("b", 2), 0, 12)),  # 42 offsets
+        ((("b", 10), 0, 30),),  # 30
+    ]
