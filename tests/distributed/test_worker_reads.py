@@ -6,15 +6,18 @@ aggregation on ``RayExecutor(workers=2)``; each run must equal the local
 executor bit for bit (rows, dead letters, input rows per batch) and a
 one-shot Polars oracle, while the driver-side source's ``read`` is never
 called (counted) and the batch profile says the workers read and the driver
-shipped no bytes. A batch whose driver dies after its write-ahead entry is
-re-run from the recorded range: new files that arrived meanwhile are not in
-it.
+shipped no bytes. A batch whose driver is SIGKILLed after its write-ahead
+entry is re-run from the recorded range: new files that arrived meanwhile are
+not in it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -26,8 +29,8 @@ import pytest
 
 import microbatch as mb
 from microbatch.checkpoint import Checkpoint
-from microbatch.engine.faults import InjectedFault
-from microbatch.exceptions import QueryTerminatedError
+from microbatch.cli.jobfile import build_writer
+from microbatch.observability.progress import load_progress
 from microbatch.sources.delta import DeltaSource
 from microbatch.sources.files import FileSource
 from microbatch.sources.kafka import KafkaSource
@@ -37,17 +40,18 @@ pytestmark = pytest.mark.slow
 
 SCHEMA = {"card_id": pl.Int64, "amount": pl.Float64, "event_time": pl.Datetime("ms", "UTC")}
 T0 = 1_767_225_600_000
+JOB = Path(__file__).resolve().parent / "jobs" / "windowed_sessions.py"
 _names = iter(range(10**6))
 
 
-def payments(first: int, n: int) -> pl.DataFrame:
-    """``n`` payments from event ``first`` on: event time 7 ms apart (in order:
-    no row is late), amounts in quarters (every sum is exact in any order)."""
+def payments(first: int, n: int, *, step_ms: int = 7) -> pl.DataFrame:
+    """``n`` payments from event ``first`` on: event time ``step_ms`` apart (in
+    order: no row is late), amounts in quarters (every sum is exact in any order)."""
     i = pl.int_range(first, first + n, eager=True)
     return pl.DataFrame({
         "card_id": (i * 7919) % 37,
         "amount": ((i * 31) % 400) * 0.25,
-        "event_time": (T0 + i * 7).cast(pl.Datetime("ms", "UTC")),
+        "event_time": (T0 + i * step_ms).cast(pl.Datetime("ms", "UTC")),
     })
 
 
@@ -129,13 +133,14 @@ def assert_workers_read(
 # --------------------------------------------------------------------------- files
 
 
-def write_json_files(directory: Path, first_file: int, files: int, rows: int) -> pl.DataFrame:
+def write_json_files(directory: Path, first_file: int, files: int, rows: int, *,
+                     step_ms: int = 7) -> pl.DataFrame:
     """``files`` JSON-lines files of ``rows`` payments each, in arrival order; file 3
     holds a malformed line. Returns the good rows."""
     directory.mkdir(parents=True, exist_ok=True)
     frames = []
     for f in range(first_file, first_file + files):
-        frame = payments(f * rows, rows)
+        frame = payments(f * rows, rows, step_ms=step_ms)
         frames.append(frame)
         lines = [json.dumps({"card_id": c, "amount": a, "event_time": t.isoformat()})
                  for c, a, t in frame.iter_rows()]
@@ -185,48 +190,48 @@ def test_a_source_without_splits_is_read_by_the_driver(
     assert all(r["executor"]["shipped_bytes"] > 0 for r in progress)
 
 
-def test_a_recovered_batch_reads_its_recorded_files(
-    ray_cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The driver dies right after writing ``offsets/1``; files arrive; the restart
-    re-runs batch 1 with exactly the files it recorded, read by the workers, and
-    the output over both runs is the oracle's, each window once."""
-    landing = tmp_path / "landing"
-    first = write_json_files(landing, 0, 4, 120)
-    chk, out = tmp_path / "chk", tmp_path / "out"
-    executor = mb.RayExecutor(workers=2, address=ray_cluster, shards=4)
-
-    def start() -> mb.StreamingQuery:
-        source = mb.read_files(landing, format="json", schema=SCHEMA, max_files_per_batch=2)
-        return windows(source.on_dead_letters(MemorySink(f"reads-dead-{next(_names)}"))
-                       ).write_parquet(out).start(chk, trigger="available-now",
-                                                  executor=executor, flush_at_end=True)
-
-    monkeypatch.setenv("MICROBATCH_FAULT", "after_write_ahead@1")
-    monkeypatch.setenv("MICROBATCH_FAULT_ACTION", "raise")
-    query = start()
-    with pytest.raises(QueryTerminatedError):
-        query.await_termination(300)
-    assert isinstance(query.exception, InjectedFault)
-    monkeypatch.delenv("MICROBATCH_FAULT")
+def test_a_killed_driver_re_runs_its_recorded_files(ray_cluster: str, tmp_path: Path) -> None:
+    """The driver is SIGKILLed right after writing ``offsets/1``; files arrive; the
+    restart re-runs batch 1 with exactly the files it recorded, read by the
+    workers, and the output over both runs is the local executor's, bit for bit,
+    each window once."""
+    landing, chk, out = tmp_path / "landing", tmp_path / "chk", tmp_path / "out"
+    write_json_files(landing, 0, 4, 120, step_ms=250)
+    args = ["run", str(JOB), "--checkpoint", str(chk), "--trigger", "available-now",
+            "--param", f"output={out}", "--param", f"input={landing}",
+            "--workers", "2", "--ray-address", ray_cluster]
+    killed = _cli(args, {"MICROBATCH_FAULT": "after_write_ahead@1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
     recorded = Checkpoint(chk).offsets.get(1)
     assert recorded is not None
     assert tuple(recorded.sources["0"]) == (2, 4)
-    later = write_json_files(landing, 4, 2, 120)  # a fresh plan of batch 1 would take them
+    write_json_files(landing, 4, 2, 120, step_ms=250)  # a fresh plan of batch 1 would take them
 
-    calls = count_driver_reads(monkeypatch, FileSource)
-    query = start()
+    again = _cli(args, {})
+    assert again.returncode == 0, again.stderr
+    progress = {r["batch_id"]: r for r in load_progress(chk / "progress")}
+    assert progress[1]["recovered"]
+    assert progress[1]["input_rows"] == 2 * 120  # files 2 and 3 (one line a dead letter)
+    assert progress[1]["dead_letter_rows"] == 1
+    assert progress[1]["executor"]["reads"] == "workers"
+
+    reference = tmp_path / "reference"
+    query = build_writer(JOB, {"output": str(reference), "input": str(landing)}).start(
+        tmp_path / "reference-chk", trigger="available-now")
     assert query.await_termination(300)
     assert query.exception is None
-    assert calls == []
-    again = next(r for r in query.recent_progress if r["batch_id"] == 1)
-    assert again["recovered"]
-    assert again["input_rows"] == 2 * 120  # files 2 and 3 (the malformed line is a dead letter)
-    assert again["dead_letter_rows"] == 1
-    assert again["executor"]["reads"] == "workers"
-    got = mb.parquet_table(out)
+    got, want = mb.parquet_table(out), mb.parquet_table(reference)
+    assert want.height > 20
     assert got.select("window_start", "card_id").is_duplicated().sum() == 0
-    assert _sorted(got).equals(_sorted(oracle(pl.concat([first, later]), got)))
+    assert _sorted(got).equals(_sorted(want))
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **env}
+    if "MICROBATCH_FAULT" not in env:
+        full.pop("MICROBATCH_FAULT", None)
+    return subprocess.run([sys.executable, "-m", "microbatch.cli", *args], env=full,
+                          capture_output=True, text=True, timeout=240)
 
 
 # --------------------------------------------------------------------------- Delta
