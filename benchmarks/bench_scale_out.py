@@ -22,7 +22,17 @@ round trips pays ``c`` more per worker, ``c`` measured here on trivial calls)
 to split evenly: no key skew, shards >= W, one worker per core, a network as
 fast as loopback for the rows exchanged).
 
-Run: ``.venv/bin/python -m benchmarks.bench_scale_out [--reps 5]``
+With ``--source files`` the batches are Parquet files instead (``FILES_PER_BATCH``
+per batch, read with a declared schema), and the table compares who reads
+them on 2 workers: the driver (``RayExecutor(worker_reads=False)``: it reads,
+slices and ships every row) or the workers (each reads its own split of the
+batch's files; the driver only plans the splits). ``driver CPU/batch`` is the
+driver process's CPU time per batch (its read-ahead thread included: with a
+backlog the driver reads the next batch in the background, so its step 3
+"driver read" is near 0 either way); ``driver`` is the batch's wall time
+outside the workers' phases (plan, write-ahead, read, sink, commit log).
+
+Run: ``.venv/bin/python -m benchmarks.bench_scale_out [--reps 5] [--source files]``
 (``make bench-scale-out``; needs ``microbatch[ray]``).
 """
 
@@ -89,6 +99,76 @@ def run(executor: str, frames: list[pl.DataFrame], warm: int) -> list[dict[str, 
     return records[warm:]
 
 
+FILES_PER_BATCH = 4
+FILE_EXECUTORS = ("local", "ray-2 driver reads", "ray-2 workers read")
+
+
+def run_files(
+    executor: str, frames: list[pl.DataFrame], warm: int
+) -> tuple[list[dict[str, Any]], float]:
+    """The progress records of the measured batches, each batch read from
+    ``FILES_PER_BATCH`` Parquet files written beforehand, and the driver
+    process's CPU time per batch (all its threads, the read-ahead's included;
+    start and stop of the query spread over the batches)."""
+    landing = tempfile.mkdtemp(prefix="mb-scale-files-")
+    for b, frame in enumerate(frames):
+        size = -(-frame.height // FILES_PER_BATCH)
+        for f in range(FILES_PER_BATCH):
+            path = os.path.join(landing, f"b{b:04d}-{f}.parquet")
+            frame.slice(f * size, size).write_parquet(path)
+            stamp = 1_700_000_000_000_000_000 + (b * FILES_PER_BATCH + f) * 10**6
+            os.utime(path, ns=(stamp, stamp))
+    src = mb.read_files(landing, format="parquet", schema=SCHEMA,
+                        max_files_per_batch=FILES_PER_BATCH)
+    ex = None if executor == "local" else mb.RayExecutor(
+        workers=2, shards=4, worker_reads=executor.endswith("workers read"))
+    name = f"scale_files_{time.monotonic_ns()}"
+    cpu0 = time.process_time()
+    q = query(src).write_memory(name).start(tempfile.mkdtemp(prefix="mb-scale-"),
+                                            trigger="available-now", executor=ex)
+    try:
+        assert q.await_termination(1800)
+        if q.exception is not None:
+            raise q.exception
+        records = [r for r in q.recent_progress if r["input_rows"] > 0]
+    finally:
+        q.stop()
+    cpu_ms = (time.process_time() - cpu0) * 1000 / max(len(records), 1)
+    return records[warm:], cpu_ms
+
+
+FILE_HEADER = ("rows/batch", "executor", "ms/batch", "driver CPU/batch", "driver read",
+               "driver", "map (wall)",
+               "workers read (busy)", "shipped by driver", "exchanged")
+
+
+def files_main(args: argparse.Namespace) -> None:
+    """Who reads a file source's batches on 2 workers: the driver or the workers."""
+    print(f"## file source, {FILES_PER_BATCH} Parquet files per batch, 2 workers")
+    print()
+    print("\n".join(markdown_table(FILE_HEADER, [], align="rlrrrrrrrr")))
+    for size in map(int, args.sizes.split(",")):
+        frames = batches(size, args.warm + args.reps, seed=size)
+        for executor in FILE_EXECUTORS:
+            records, cpu_ms = run_files(executor, frames, args.warm)
+            d = [r["duration_ms"] for r in records]
+            ex = [r.get("executor") or {} for r in records]
+            total = median([x["total"] for x in d])
+            phases = [e.get("map_ms", 0) + e.get("reduce_ms", 0) + e.get("commit_ms", 0)
+                      for e in ex]
+            driver = median([x["total"] - p for x, p in zip(d, phases, strict=True)])
+            read_busy = [sum(e.get("read_busy_ms", [])) for e in ex]
+            print(markdown_row((
+                f"{size:,}", executor, f"{total:.1f}", f"{cpu_ms:.1f}",
+                f"{median([x.get('read', 0.0) for x in d]):.1f}", f"{driver:.1f}",
+                f"{median([e.get('map_ms', 0.0) for e in ex]):.1f}" if any(ex) else "",
+                f"{median(read_busy):.1f}" if any(read_busy) else "",
+                f"{median([e.get('shipped_bytes', 0) / 1e6 for e in ex]):.1f} MB"
+                if any(ex) else "",
+                f"{median([e.get('exchanged_bytes', 0) / 1e6 for e in ex]):.1f} MB"
+                if any(ex) else "")), flush=True)
+
+
 def one_shot_rows_per_s(frames: list[pl.DataFrame]) -> float:
     data = pl.concat(frames)
     lf = data.lazy().group_by(pl.col("event_time").dt.truncate("10s"), "card_id").agg(
@@ -133,12 +213,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warm", type=int, default=2)
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--source", choices=("memory", "files"), default="memory",
+                        help="files: who reads a file source, the driver or the workers")
     args = parser.parse_args(argv)
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
              configure_logging=False)
+    if args.source == "files":
+        files_main(args)
+        ray.shutdown()
+        return 0
     print(f"# scale-out: Q1 (10 s windows, {CARDS:,} cards); {platform.processor() or ''} "
           f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, Polars {pl.__version__}, "
           f"Ray {ray.__version__}; medians of {args.reps} batches after {args.warm} warm")

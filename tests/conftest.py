@@ -12,6 +12,10 @@ broker, the S3 server) are per worker: each worker has its own
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +66,51 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return group_of(nodeid) or nodeid
 
     return GroupScheduling(config, log)
+
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+KAFKA_TESTS = Path(__file__).resolve().parent / "kafka"
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"Kafka tests cannot run in CI: {reason}", pytrace=False)
+    pytest.skip(f"!!! KAFKA TESTS SKIPPED: {reason} !!!")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A running Kafka broker for the whole session of this (xdist) worker, for
+    ``tests/kafka`` and the scale-out tests alike (see ``tests/kafka/conftest.py``):
+    a ``kafka_helpers.Broker``."""
+    if str(KAFKA_TESTS) not in sys.path:
+        sys.path.insert(0, str(KAFKA_TESTS))
+    from kafka_helpers import Broker
+
+    from scripts.kafka_broker import BrokerError, LocalBroker
+
+    external = os.environ.get("MICROBATCH_KAFKA_BOOTSTRAP")
+    if external:
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            AdminClient({"bootstrap.servers": external}).list_topics(timeout=10)
+        except Exception as exc:
+            pytest.fail(f"MICROBATCH_KAFKA_BOOTSTRAP={external} does not answer: {exc}")
+        yield Broker(external, None, 0.0)
+        return
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        _unavailable("no Java 17+ on PATH (needed to run the Kafka broker); install a JDK, "
+                     "or set MICROBATCH_KAFKA_BOOTSTRAP to a running broker")
+    local = LocalBroker(tmp_path_factory.mktemp("kafka-broker"))
+    try:
+        bootstrap = local.start()
+    except BrokerError as exc:
+        pytest.fail(f"the Kafka broker did not start: {exc}", pytrace=False)
+    try:
+        yield Broker(bootstrap, local, local.start_seconds)
+    finally:
+        local.stop()
 
 
 @pytest.fixture

@@ -52,6 +52,11 @@ class RayExecutor:
     worker_timeout
         Seconds a worker may take to answer one step of a batch before it counts
         as lost.
+    worker_reads
+        Workers read the sources (``True``, the default): the driver plans each
+        batch's recorded range as one split per worker and no row crosses it,
+        for sources that can be split (files with a schema, Delta tables); the
+        driver reads the others, and every source with ``False``.
     """
 
     workers: int = 2
@@ -59,6 +64,7 @@ class RayExecutor:
     shards: int | None = None
     max_worker_restarts: int = 3
     worker_timeout: float = 300.0
+    worker_reads: bool = True
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -83,8 +89,9 @@ class RayExecutor:
             default_shards=SHARDS_PER_WORKER * self.workers,
             max_worker_restarts=self.max_worker_restarts,
             worker_timeout_s=self.worker_timeout,
+            worker_reads=self.worker_reads,
         )
 
     def describe(self) -> dict[str, Any]:
         return {"executor": "ray", "workers": self.workers, "address": self.address,
-                "shards": self.shards}
+                "shards": self.shards, "worker_reads": self.worker_reads}

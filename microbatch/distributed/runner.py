@@ -2,8 +2,10 @@
 
 Per batch (step 4 of the lifecycle, and the state part of step 6)::
 
-    map      every worker: a contiguous slice of each source's rows -> the
-             stateless steps -> rows entering the stateful nodes, cut by shard
+    map      every worker: its split of each source, read by itself (the driver
+             planned one split per worker from the recorded range), or a
+             contiguous slice of rows the driver read -> the stateless steps
+             -> rows entering the stateful nodes, cut by shard
     fold     the driver folds every worker's watermark facts into its tracker
     reduce   every worker, for each shard it owns: the pieces of all slices,
              in slice order -> the shard's operators -> output rows
@@ -12,10 +14,11 @@ Per batch (step 4 of the lifecycle, and the state part of step 6)::
 
 A worker that dies or stops answering anywhere in a batch is replaced; the
 new set of workers loads every shard's last committed state and the batch is
-run again from the rows the driver read for it (the same as re-reading its
-write-ahead entry). After ``max_worker_restarts`` replacements in one batch
-the query fails with :class:`~microbatch.ExecutorError`; a restart of the job
-recovers from the checkpoint as always.
+run again from the same splits (read again) or the rows the driver read for
+it (the same as re-reading its write-ahead entry). After
+``max_worker_restarts`` replacements in one batch the query fails with
+:class:`~microbatch.ExecutorError`; a restart of the job recovers from the
+checkpoint as always.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from microbatch.distributed.shipping import dumps_plan
 from microbatch.distributed.worker import ShardWorker, from_wire, to_wire
 from microbatch.engine.batch_executor import BatchExecutor
 from microbatch.engine.durability import Durability
+from microbatch.engine.split_reads import BatchInputs, splits_for
 from microbatch.exceptions import ExecutorError, MicrobatchError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.nodes import PlanNode
@@ -64,6 +68,7 @@ class ShardedRunner:
         default_shards: int,
         max_worker_restarts: int,
         worker_timeout_s: float,
+        worker_reads: bool = True,
     ) -> None:
         self.template = BatchExecutor(plan, output_mode=output_mode)
         self.tracker = self.template.tracker
@@ -86,7 +91,8 @@ class ShardedRunner:
         self.restarts = 0
         self._metrics: dict[int, dict[str, Any]] = {}
         self.profile: dict[str, Any] = {}
-        self._last: tuple[Mapping[str, pl.DataFrame], OperatorContext] | None = None
+        self.worker_reads = worker_reads
+        self._last: tuple[BatchInputs, OperatorContext] | None = None
 
     # ------------------------------------------------------------ protocol
 
@@ -113,7 +119,19 @@ class ShardedRunner:
         self.batch_id = batch_id
         self._with_replacement("start", batch_id, self._start_workers)
 
+    @property
+    def read_pieces(self) -> int | None:
+        """One split per worker of each source's range (``None``: the driver reads,
+        ``RayExecutor(worker_reads=False)``)."""
+        return self.workers if self.worker_reads else None
+
     def execute(self, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext) -> pl.DataFrame:
+        """The batch from rows the driver read (each worker maps a slice)."""
+        return self.execute_splits(BatchInputs(dict(inputs)), ctx)
+
+    def execute_splits(self, inputs: BatchInputs, ctx: OperatorContext) -> pl.DataFrame:
+        """The batch from ``inputs``: worker ``w`` reads split ``w`` of every source
+        (and a slice of any frame the driver read), then maps it."""
         self._last = (inputs, ctx)
         self._metrics = {}
         self.profile = {}
@@ -197,16 +215,21 @@ class ShardedRunner:
 
     # ------------------------------------------------------------ the batch
 
-    def _execute(self, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext) -> pl.DataFrame:
+    def _execute(self, inputs: BatchInputs, ctx: OperatorContext) -> pl.DataFrame:
         workers = len(self.actors)
-        slices = {sid: slices_of(frame, workers) for sid, frame in inputs.items()}
-        first = next(iter(inputs.values()), pl.DataFrame())
+        slices = {sid: [to_wire(part) for part in slices_of(frame, workers)]
+                  for sid, frame in inputs.frames.items()}
+        # NOTE: with splits, a worker's first row in the batch is unknown before it
+        # reads; only the "spread" layout uses it (no keyed state: any shard will do)
+        first = next(iter(inputs.frames.values()), pl.DataFrame())
         starts = [start for start, _ in bounds(first.height, workers)]
         returns = 1 + (self.layout.shards if self.frontier else 0)
         t0 = time.perf_counter()
         mapped = [
             actor.map.options(num_returns=returns).remote(
-                {sid: to_wire(parts[w]) for sid, parts in slices.items()}, starts[w], ctx
+                {sid: parts[w] for sid, parts in slices.items()}, starts[w], ctx,
+                **({"splits": splits_for(inputs, w), "partitions": inputs.partitions}
+                   if inputs.on_workers else {}),
             )
             for w, actor in enumerate(self.actors)
         ]
@@ -217,7 +240,14 @@ class ShardedRunner:
             "map_busy_ms": [f["busy_ms"] for f in facts],
             "exchanged_rows": sum(f["rows"] for f in facts),
             "exchanged_bytes": sum(f["bytes"] for f in facts),
+            "reads": "workers" if inputs.on_workers else "driver",
+            "shipped_bytes": sum(t.nbytes for parts in slices.values() for t in parts),
         }
+        if inputs.on_workers:
+            gather_reads(inputs, [f["read"] for f in facts])
+            profile["read_busy_ms"] = [f["read"]["busy_ms"] for f in facts]
+            profile["read_bytes"] = sum(
+                split.size_hint for splits in inputs.splits.values() for split in splits)
         t1 = time.perf_counter()
         observed = [obs for fact in facts for obs in fact["watermarks"]]
         if not self.frontier:
@@ -438,6 +468,21 @@ def concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     if not wide:
         return frames[0] if frames else pl.DataFrame()
     return pl.concat(wide, how="vertical_relaxed") if len(wide) > 1 else wide[0]
+
+
+def gather_reads(inputs: BatchInputs, reads: list[dict[str, Any]]) -> None:
+    """The workers' read facts (in worker order, i.e. split order) into
+    ``inputs``: rows per source, dead letters, schemas."""
+    rows: dict[str, int] = {}
+    schemas: dict[str, pl.Schema] = {}
+    for read in reads:
+        for sid, n in read["rows"].items():
+            rows[sid] = rows.get(sid, 0) + n
+        for sid, schema in read["schemas"].items():
+            schemas.setdefault(sid, schema)
+    inputs.rows = rows
+    inputs.schemas = schemas
+    inputs.dead = [from_wire(t) for read in reads for t in read["dead"]]
 
 
 def merge_metrics(per_shard: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:

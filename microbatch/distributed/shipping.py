@@ -3,9 +3,11 @@
 The plan holds the user's functions (steps, ``transform_with_state``) and its
 sources. Functions travel with cloudpickle (a job file's module by value: the
 workers cannot import it by its made-up name). Sources never travel: they are
-open on the driver (consumers, file ledgers) and only the driver reads them;
-a worker sees a :class:`SourceStub` in their place, which keeps the source's
-position (its id) and schema.
+open on the driver (consumers, file ledgers); a worker sees a
+:class:`SourceStub` in their place, which keeps the source's position (its id)
+and schema. What a worker reads of a source travels per batch instead, as a
+read split (:class:`~microbatch.sources.base.ReadSplit`) that needs none of the
+driver's open state.
 """
 
 from __future__ import annotations

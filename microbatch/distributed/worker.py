@@ -1,11 +1,12 @@
 """One worker of a scaled-out query: a Ray actor that runs stateless steps on
 slices of a batch and owns some shards of the state.
 
-Per batch the driver calls :meth:`ShardWorker.map` on every worker (a slice
-of each source's rows -> the rows entering the plan's stateful nodes, cut into
-one piece per shard), then :meth:`ShardWorker.reduce` (each owned shard: the
-pieces of all workers, in slice order -> the shard's operators -> its output
-rows), then :meth:`ShardWorker.commit`. Each shard is a
+Per batch the driver calls :meth:`ShardWorker.map` on every worker (its split
+of each source, which it reads itself, or a slice of rows the driver read ->
+the rows entering the plan's stateful nodes, cut into one piece per shard),
+then :meth:`ShardWorker.reduce` (each owned shard: the pieces of all workers,
+in slice order -> the shard's operators -> its output rows), then
+:meth:`ShardWorker.commit`. Each shard is a
 :class:`~microbatch.engine.batch_executor.BatchExecutor` over the shard's own state
 directory, so a shard behaves exactly as the whole query does in one process,
 for the keys that hash to it.
@@ -27,8 +28,10 @@ from microbatch.distributed.shipping import loads_plan
 from microbatch.engine.batch_executor import BatchExecutor
 from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.faults import fault_point
+from microbatch.engine.split_reads import input_of
 from microbatch.engine.watermark import WatermarkTracker
 from microbatch.operators.base import OperatorContext
+from microbatch.sources.base import ReadSplit
 from microbatch.types import OutputMode
 
 Observation = tuple[str, dict[str, int]]
@@ -94,6 +97,9 @@ class ShardWorker:
         self.durability: Durability = durability
         self.layout = layout
         self.frontier = frontier(self.plan)
+        # NOTE: the plan's sources are stubs here (position, schema): see shipping
+        self.source_schemas: dict[str, pl.Schema | None] = {
+            str(i): s.schema for i, s in enumerate(self.plan.sources())}
         self.mapper = self._executor()
         self.shards: dict[int, BatchExecutor] = {}
 
@@ -119,20 +125,32 @@ class ShardWorker:
                 self.shards[shard] = executor
 
     def map(
-        self, inputs: dict[str, pa.Table], first_row: int, ctx: OperatorContext
+        self,
+        inputs: dict[str, pa.Table],
+        first_row: int,
+        ctx: OperatorContext,
+        *,
+        splits: dict[str, ReadSplit] | None = None,
+        partitions: bool = False,
     ) -> Any:
         """Stateless steps over a slice of the batch: ``(facts, piece of shard 0,
         piece of shard 1, ...)``, each piece the rows entering each exchange
         point; without stateful nodes, only ``facts``, whose ``"output"`` holds
-        the result."""
+        the result.
+
+        The slice is ``inputs`` (rows the driver read) and, for the sources in
+        ``splits``, what this worker reads of them itself (``partitions``: with
+        their partition ids, for per-partition watermarks); ``facts["read"]``
+        then says what it read (rows and schema per source, dead letters)."""
         fault_point("worker.map", ctx.batch_id)
         t0 = time.perf_counter()
         frames = {sid: from_wire(table) for sid, table in inputs.items()}
+        read = None if splits is None else self._read(splits, frames, partitions=partitions)
         if not self.frontier:
             output = self.mapper.execute(frames, ctx)
             return {"output": to_wire(output), "watermarks": self._observed(self.mapper),
                     "late_rows": [to_wire(f) for f in ctx.late_rows], "busy_ms": _ms(t0),
-                    "rows": 0, "bytes": 0}
+                    "rows": 0, "bytes": 0, "read": read}
         exchanged = self.mapper.stateless_inputs(self.frontier, frames, ctx)
         pieces: list[dict[tuple[int, int], pa.Table]] = [{} for _ in range(self.layout.shards)]
         for point, frame in exchanged.items():
@@ -143,8 +161,30 @@ class ShardWorker:
             "busy_ms": _ms(t0),
             "rows": sum(t.num_rows for piece in pieces for t in piece.values()),
             "bytes": sum(t.nbytes for piece in pieces for t in piece.values()),
+            "read": read,
         }
         return (facts, *pieces)
+
+    def _read(
+        self, splits: dict[str, ReadSplit], frames: dict[str, pl.DataFrame], *, partitions: bool
+    ) -> dict[str, Any]:
+        """Read each source's split into ``frames`` as the driver's step 3 would
+        (:func:`~microbatch.engine.split_reads.input_of`): what was read."""
+        t0 = time.perf_counter()
+        rows: dict[str, int] = {}
+        schemas: dict[str, pl.Schema] = {}
+        dead: list[pa.Table] = []
+        for sid, split in splits.items():
+            got = split.read()
+            declared = self.source_schemas.get(sid)
+            seen = input_of(got, declared, partitions=False)
+            if seen.width:
+                schemas[sid] = seen.schema
+            frames[sid] = input_of(got, declared, partitions=partitions)
+            rows[sid] = seen.height
+            if got.dead_letters.height:
+                dead.append(to_wire(got.dead_letters))
+        return {"rows": rows, "schemas": schemas, "dead": dead, "busy_ms": _ms(t0)}
 
     @staticmethod
     def _observed(executor: BatchExecutor) -> list[Observation]:

@@ -76,13 +76,14 @@ from microbatch.checkpoint import Checkpoint, CommitEntry, OffsetEntry
 from microbatch.engine.batch_executor import input_frame
 from microbatch.engine.committer import Committer
 from microbatch.engine.durability import Durability, durability_level
-from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner
+from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner, SplitRunner
 from microbatch.engine.faults import fault_point, side_fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
 from microbatch.engine.replay import RecordedBatches, ReplayLoop, refuse_unfinished
+from microbatch.engine.split_reads import BatchInputs, input_of
 from microbatch.engine.state_budget import StateBudget
 from microbatch.engine.trigger_loops import loop_for
-from microbatch.engine.watermark import PARTITION_COLUMN, closes_state, event_time_reach_ms
+from microbatch.engine.watermark import closes_state, event_time_reach_ms
 from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError
 from microbatch.observability.latency import LatencyProbe
 from microbatch.observability.progress import ProgressStore
@@ -91,7 +92,12 @@ from microbatch.operators.base import OperatorContext
 from microbatch.operators.changes import CHANGE_TYPE, as_inserts
 from microbatch.plan.nodes import PlanNode
 from microbatch.plan.triggers import ProcessingTime, Trigger
-from microbatch.sources.base import Source, SourceContext, count_schema_mismatches
+from microbatch.sources.base import (
+    ReadSplit,
+    Source,
+    SourceContext,
+    count_schema_mismatches,
+)
 from microbatch.types import Offset, OutputMode
 from sinks.base import Sink, SinkContext
 
@@ -440,15 +446,17 @@ class MicroBatchExecution:
                 fault_point("after_write_ahead", batch.batch_id)
             self.pending = batch
             with timer.step("read"):
-                inputs, dead_letters = self.read_inputs(batch)
+                inputs = self.read_inputs(batch)
             fault_point("after_read", batch.batch_id)
             with timer.step("execute"):
                 output, ctx = self.execute(batch, inputs)
                 self.check_state_budget(batch, ctx)
             fault_point("after_execute", batch.batch_id)
-            self.start_read_ahead(batch, capped=capped, bounds=bounds)
+            if not inputs.on_workers:
+                self.start_read_ahead(batch, capped=capped, bounds=bounds)
+            dead_letters = inputs.dead_letters(batch.batch_id)
             result = BatchResult(
-                input_rows={sid: frame.height for sid, frame in inputs.items()},
+                input_rows=inputs.input_rows(),
                 output_rows=output.height,
                 dead_letter_rows=dead_letters.height,
                 late_rows=sum(f.height for f in ctx.late_rows),
@@ -563,33 +571,56 @@ class MicroBatchExecution:
         )
         self.unsynced_commit = None
 
-    def read_inputs(self, batch: PlannedBatch) -> tuple[dict[str, pl.DataFrame], pl.DataFrame]:
-        """Step 3: exactly the recorded range of every source, and its dead letters."""
-        got = self.read_ahead.take(batch.ranges) or read_ranges(self.sources, batch.ranges)
-        inputs: dict[str, pl.DataFrame] = {}
-        dead: list[pl.DataFrame] = []
-        for sid, read in got.items():
+    def read_inputs(self, batch: PlannedBatch) -> BatchInputs:
+        """Step 3: exactly the recorded range of every source, and its dead letters;
+        or, when the executor's workers read, the splits they read it in
+        (:mod:`~microbatch.engine.split_reads`: no row on the driver)."""
+        return self.plan_splits(batch) or self.read_here(batch)
+
+    def plan_splits(self, batch: PlannedBatch) -> BatchInputs | None:
+        """Step 3 for workers that read: every source's recorded range as one
+        split per worker; ``None`` when the executor cannot take splits, no
+        source has new rows, or a source with new rows cannot be split."""
+        runner = self.executor
+        if not isinstance(runner, SplitRunner) or runner.read_pieces is None:
+            return None
+        splits: dict[str, list[ReadSplit]] = {}
+        empty: dict[str, pl.DataFrame] = {}
+        for sid, (start, end) in batch.ranges.items():
             source = self.sources[sid]
-            if read is None:
-                known = self.input_schemas.get(sid)
-                inputs[sid] = (
-                    known.to_frame() if known is not None else input_frame(source, pl.DataFrame())
-                )
+            if source.compare(end, start) <= 0:
+                empty[sid] = self.empty_input(sid)
                 continue
-            frame = input_frame(source, read.data)
-            if frame.width:
-                self.input_schemas[sid] = frame.schema
-            if read.partitions is not None and self.tracker.specs:
-                frame = frame.with_columns(read.partitions.alias(PARTITION_COLUMN))
-            inputs[sid] = frame
-            if read.dead_letters.height:
-                dead.append(read.dead_letters)
-        dead_letters = (
-            pl.concat(dead).with_columns(pl.lit(batch.batch_id, pl.Int64).alias("batch_id"))
-            if dead
-            else pl.DataFrame()
-        )
-        return inputs, dead_letters
+            planned = source.read_splits(start, end, runner.read_pieces)
+            if planned is None:
+                return None
+            splits[sid] = planned
+        if not splits:
+            return None
+        return BatchInputs(empty, splits, partitions=bool(self.tracker.specs))
+
+    def read_here(self, batch: PlannedBatch) -> BatchInputs:
+        """Step 3 on the driver: every source's rows (a read-ahead's when it
+        read exactly these ranges)."""
+        got = self.read_ahead.take(batch.ranges) or read_ranges(self.sources, batch.ranges)
+        inputs = BatchInputs({})
+        for sid, read in got.items():
+            if read is None:
+                inputs.frames[sid] = self.empty_input(sid)
+                continue
+            source = self.sources[sid]
+            seen = input_frame(source, read.data)
+            if seen.width:
+                self.input_schemas[sid] = seen.schema
+            inputs.frames[sid] = input_of(read, source.schema, partitions=bool(self.tracker.specs))
+            inputs.dead.append(read.dead_letters)
+        return inputs
+
+    def empty_input(self, sid: str) -> pl.DataFrame:
+        """The frame of a source without new rows: the columns it last had."""
+        known = self.input_schemas.get(sid)
+        return known.to_frame() if known is not None else input_frame(
+            self.sources[sid], pl.DataFrame())
 
     def start_read_ahead(
         self, batch: PlannedBatch, *, capped: bool, bounds: dict[str, Offset] | None
@@ -628,7 +659,7 @@ class MicroBatchExecution:
         return ranges
 
     def execute(
-        self, batch: PlannedBatch, inputs: dict[str, pl.DataFrame]
+        self, batch: PlannedBatch, inputs: BatchInputs
     ) -> tuple[pl.DataFrame, OperatorContext]:
         """Step 4: the plan over the whole batch, with the recorded watermark;
         then the watermark that the next batch will use."""
@@ -637,7 +668,12 @@ class MicroBatchExecution:
             watermark_ms=batch.watermark_ms,
             timestamp_ms=batch.timestamp_ms,
         )
-        output = self.executor.execute(inputs, ctx)
+        if inputs.on_workers:
+            assert isinstance(self.executor, SplitRunner)  # NOTE: only it is given splits
+            output = self.executor.execute_splits(inputs, ctx)
+            self.input_schemas.update(inputs.schemas)
+        else:
+            output = self.executor.execute(inputs.frames, ctx)
         if self.output_mode == "changelog" and output.width and CHANGE_TYPE not in output.columns:
             # NOTE: a plan without a changing operator only ever adds rows
             output = as_inserts(output)

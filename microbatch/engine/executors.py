@@ -9,6 +9,8 @@ progress records whatever the executor. An executor only decides where step
   driver's process, every operator's state in ``state/<operator>/``.
 - :class:`microbatch.RayExecutor` (``pip install 'microbatch[ray]'``): on Ray
   workers, the state split into shards by key (:mod:`microbatch.distributed`).
+  Its runner is a :class:`SplitRunner`: its workers also read the sources
+  (step 3), from splits the driver plans (:mod:`microbatch.engine.split_reads`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import polars as pl
 
 from microbatch.engine.batch_executor import BatchExecutor
 from microbatch.engine.durability import Durability
+from microbatch.engine.split_reads import BatchInputs
 from microbatch.engine.watermark import WatermarkTracker
 from microbatch.operators.base import OperatorContext, StatefulOperator
 from microbatch.plan.nodes import PlanNode
 from microbatch.types import OutputMode
 
-__all__ = ["Executor", "LocalExecutor", "PlanRunner"]
+__all__ = ["Executor", "LocalExecutor", "PlanRunner", "SplitRunner"]
 
 
 class PlanRunner(Protocol):
@@ -66,6 +69,23 @@ class PlanRunner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class SplitRunner(Protocol):
+    """A :class:`PlanRunner` whose workers read the sources themselves.
+
+    ``read_pieces`` is how many splits each source's range is cut into (one per
+    worker; ``None``: the driver reads, as for any runner). ``execute_splits``
+    is ``execute`` over :class:`~microbatch.engine.split_reads.BatchInputs`
+    holding splits; it fills their rows per source, dead letters and schemas
+    from what the workers read.
+    """
+
+    @property
+    def read_pieces(self) -> int | None: ...
+
+    def execute_splits(self, inputs: BatchInputs, ctx: OperatorContext) -> pl.DataFrame: ...
 
 
 @runtime_checkable

@@ -11,6 +11,8 @@ Lifecycle, driven by the engine::
     initial_offset()                  position before the first record
     latest_offset(start, ...)         end of the next batch (planning)
     read(start, end) -> SourceBatch   exactly the recorded range
+    read_splits(start, end, pieces)   optional: the same range as pieces that
+                                      other processes read (scale-out)
     commit(end)                       after commits/N (e.g. trim buffers)
     lag(), metrics()                  optional: numbers for the progress record
     close()
@@ -19,11 +21,12 @@ Lifecycle, driven by the engine::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
+import numpy as np
 import polars as pl
 
 from microbatch.types import Offset
@@ -79,6 +82,46 @@ class SourceBatch:
     partitions: pl.Series | None = None
     """Optional per-row partition id (same length as ``data``) for
     per-partition watermarks; ``None`` means one partition."""
+
+
+class ReadSplit(ABC):
+    """A piece of a recorded range that any process can read by itself.
+
+    Made by :meth:`Source.read_splits` on the driver from the range that
+    ``offsets/N`` records, and sent (pickled) to a worker, whose
+    :meth:`read` needs nothing of the driver's open state: a split carries
+    what it reads (paths, sizes, versions, options). Guarantees: ``read()``
+    returns the same rows in the same order on every call, in any process,
+    and the splits of one range, read one after the other in list order and
+    concatenated, are exactly ``source.read(start, end)`` (rows, order,
+    columns and dead letters).
+    """
+
+    @abstractmethod
+    def read(self) -> SourceBatch:
+        """This piece's rows and dead letters (with the source's schema when empty)."""
+
+    @property
+    def size_hint(self) -> int:
+        """Bytes to read, when known (for reports; 0 when unknown)."""
+        return 0
+
+
+def balanced_runs(sizes: Sequence[int], pieces: int) -> list[tuple[int, int]]:
+    """``pieces`` contiguous ``[lo, hi)`` runs over items of ``sizes`` with about
+    equal total size each (some may be empty); a function of ``sizes`` and
+    ``pieces`` only, so the same range always gives the same runs."""
+    if pieces < 1:
+        raise ValueError(f"balanced_runs needs at least one piece, got {pieces}")
+    if not sizes:
+        return [(0, 0)] * pieces
+    # NOTE: every item weighs at least 1, so that runs of empty files spread too
+    cum = np.cumsum(np.maximum(np.asarray(sizes, dtype=np.int64), 1))
+    total = int(cum[-1])
+    # the run k ends after the first item whose running total reaches k/pieces of all
+    ends = np.searchsorted(cum, total * np.arange(1, pieces) / pieces, side="left") + 1
+    edges = [0, *np.minimum(ends, len(sizes)).tolist(), len(sizes)]
+    return [(edges[i], edges[i + 1]) for i in range(pieces)]
 
 
 class PartitionLag(TypedDict):
@@ -139,6 +182,17 @@ class Source(ABC):
     @abstractmethod
     def read(self, start: Offset, end: Offset) -> SourceBatch:
         """Exactly the records in ``[start, end)``; same result on every call."""
+
+    def read_splits(self, start: Offset, end: Offset, pieces: int) -> list[ReadSplit] | None:
+        """``[start, end)`` as exactly ``pieces`` splits that workers read by
+        themselves (some may be empty), or ``None`` when this source cannot be
+        read elsewhere (the default: the driver then reads it with :meth:`read`).
+
+        Called on the driver after the write-ahead, so it must be cheap (no
+        rows read) and a function of the recorded range: a re-run of the batch
+        plans the same splits. See :class:`ReadSplit` for what they guarantee.
+        """
+        return None
 
     def commit(self, end: Offset) -> None:  # noqa: B027 - optional hook
         """Everything before ``end`` is committed; the source may forget it."""

@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -58,7 +59,7 @@ from urllib.parse import unquote
 import polars as pl
 
 from microbatch.exceptions import PlanError, SourceError
-from microbatch.sources.base import Source, SourceBatch, SourceContext
+from microbatch.sources.base import ReadSplit, Source, SourceBatch, SourceContext, balanced_runs
 
 log = logging.getLogger("microbatch.sources.delta")
 
@@ -542,11 +543,34 @@ class DeltaSource(Source):
 
     def read(self, start: Any, end: Any) -> SourceBatch:
         """The rows of exactly the data files in ``[start, end)``."""
+        files, schema = self._files_and_schema(start, end)
+        return self.read_files(files, schema)
+
+    def read_splits(self, start: Any, end: Any, pieces: int) -> list[ReadSplit] | None:
+        """The data files of ``[start, end)`` (from the commit files, no rows read)
+        as ``pieces`` contiguous runs of about equal bytes (:class:`DeltaSplit`),
+        each conformed to the schema of the range's last version, as :meth:`read`."""
+        files, schema = self._files_and_schema(start, end)
+        reader = self.clone()
+        return [
+            DeltaSplit(reader, tuple(files[lo:hi]), schema)
+            for lo, hi in balanced_runs([f.size for _, f in files], pieces)
+        ]
+
+    def _files_and_schema(
+        self, start: Any, end: Any
+    ) -> tuple[list[tuple[int, DeltaFile]], pl.Schema]:
+        """The range's data files, in log order, and the schema they are read with."""
         files = self.files_between(start, end)
         last_version = max(
             (v for v, _ in files), default=_check_offset(start, self.uri)[0]
         )
-        schema = self._schema_at(max(last_version, 0))
+        return files, self._schema_at(max(last_version, 0))
+
+    def read_files(
+        self, files: Sequence[tuple[int, DeltaFile]], schema: pl.Schema
+    ) -> SourceBatch:
+        """The rows of ``(version, file)`` data files, in order, as ``schema``."""
         frames = [self._read_file(version, f, schema) for version, f in files]
         if not frames:
             return SourceBatch(schema.to_frame())
@@ -741,6 +765,24 @@ class DeltaSource(Source):
             "read the table's change feed instead: read_delta(path, changes=True) (the "
             "table needs delta.enableChangeDataFeed=true)."
         )
+
+
+@dataclass(frozen=True)
+class DeltaSplit(ReadSplit):
+    """A contiguous run of a batch's data files (with the version that added
+    each), read where it is sent with the schema the driver planned: the same
+    rows and columns as the driver's read of them."""
+
+    reader: DeltaSource
+    files: tuple[tuple[int, DeltaFile], ...]
+    schema: pl.Schema
+
+    def read(self) -> SourceBatch:
+        return self.reader.read_files(self.files, self.schema)
+
+    @property
+    def size_hint(self) -> int:
+        return sum(f.size for _, f in self.files)
 
 
 def _check_offset(offset: Any, uri: str) -> tuple[int, int]:

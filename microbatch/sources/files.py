@@ -41,9 +41,11 @@ from microbatch.exceptions import PlanError, SourceError
 from microbatch.sources.base import (
     DEAD_LETTER_SCHEMA,
     SCHEMA_MISMATCH,
+    ReadSplit,
     Source,
     SourceBatch,
     SourceContext,
+    balanced_runs,
     empty_dead_letters,
 )
 from microbatch.sources.decoding import (
@@ -244,13 +246,42 @@ class FileSource(Source):
         directory: silently skipping it would change a recorded batch.
         """
         begin, stop = self._check_offset(start), self._check_offset(end)
+        return self.read_entries(self._recorded_files(begin, stop), begin, stop)
+
+    def read_splits(self, start: Any, end: Any, pieces: int) -> list[ReadSplit] | None:
+        """The ledger's files ``[start, end)`` as ``pieces`` contiguous runs of
+        about equal bytes (:class:`FileSplit`); ``None`` without a declared
+        schema (Parquet files of one batch are then unified as a whole, which
+        pieces read apart could not reproduce)."""
+        if self._schema is None:
+            return None
+        begin, stop = self._check_offset(start), self._check_offset(end)
+        files = self._recorded_files(begin, stop)
+        reader = self.reader()
+        return [
+            FileSplit(reader, tuple(files[lo:hi]), begin, stop)
+            for lo, hi in balanced_runs([f.size for f in files], pieces)
+        ]
+
+    def reader(self) -> FileSource:
+        """A source with this one's options and no ledger: what a split reads with."""
+        return FileSource(self.path, format=self.format, schema=self._schema,
+                          glob=self.globs[0] if len(self.globs) == 1 else None,
+                          on_missing_columns=self.on_missing_columns)
+
+    def _recorded_files(self, begin: int, stop: int) -> list[LedgerFile]:
         ledger = self.ledger
         if stop > len(ledger):
             raise self._lost_ledger_error(stop)
+        return ledger.files(begin, stop)
+
+    def read_entries(self, entries: Sequence[LedgerFile], start: int, end: int) -> SourceBatch:
+        """Decode ``entries`` (files of the recorded range ``[start, end)``, named in
+        messages) in order: their rows, and dead letters for what does not decode."""
         frames: list[pl.DataFrame] = []
         dead: list[pl.DataFrame] = []
-        for entry in ledger.files(begin, stop):
-            data, letters = self._read_file(entry, begin, stop)
+        for entry in entries:
+            data, letters = self._read_file(entry, start, end)
             if data is not None:
                 frames.append(data)
             if letters.height:
@@ -585,6 +616,27 @@ class FileSource(Source):
             f"({self.ledger.directory or 'in memory'}) was deleted or belongs to another "
             "checkpoint. Restore it, or start the query on a new checkpoint."
         )
+
+
+@dataclass(frozen=True)
+class FileSplit(ReadSplit):
+    """A contiguous run of a batch's files, read where it is sent.
+
+    Carries the files as the ledger admitted them (path, size) and the
+    source's options (:meth:`FileSource.reader`), so a worker reads exactly
+    the bytes the ledger recorded, and decodes them as the driver would."""
+
+    reader: FileSource
+    files: tuple[LedgerFile, ...]
+    start: int
+    end: int
+
+    def read(self) -> SourceBatch:
+        return self.reader.read_entries(self.files, self.start, self.end)
+
+    @property
+    def size_hint(self) -> int:
+        return sum(f.size for f in self.files)
 
 
 # --------------------------------------------------------------------------- decoding

@@ -59,9 +59,11 @@ from microbatch.durations import parse_duration_ms
 from microbatch.exceptions import PlanError, SourceError
 from microbatch.sources.base import (
     DEAD_LETTER_SCHEMA,
+    ReadSplit,
     Source,
     SourceBatch,
     SourceContext,
+    balanced_runs,
     empty_dead_letters,
 )
 from microbatch.sources.kafka_changelog import decode_debezium, decode_upsert
@@ -188,6 +190,14 @@ class KafkaSource(Source):
         broker_timeout: str | int = "2m",
         key_columns: str | Sequence[str] | None = None,
     ) -> None:
+        self._options: dict[str, Any] = {
+            "topics": topics, "bootstrap": bootstrap, "format": format, "schema": schema,
+            "starting_offsets": starting_offsets,
+            "max_records_per_batch": max_records_per_batch,
+            "config": None if config is None else dict(config), "on_data_loss": on_data_loss,
+            "metadata_columns": metadata_columns, "broker_timeout": broker_timeout,
+            "key_columns": key_columns,
+        }  # the arguments it was made with, for splits (no group: a split never commits)
         names = [topics] if isinstance(topics, str) else list(topics)
         if not names or not all(isinstance(t, str) and t and ":" not in t for t in names):
             raise PlanError(f"read_kafka: topics must be topic names, got {topics!r}")
@@ -241,9 +251,8 @@ class KafkaSource(Source):
             )
         self.key_columns = _check_key_columns(key_columns, format, self.value_schema)
         self.starting_offsets = _check_starting(starting_offsets, self.topics)
-        self.max_records_per_batch = max_records_per_batch
         self.on_data_loss: DataLossMode = on_data_loss
-        self.commit_group = commit_group
+        self.max_records_per_batch, self.commit_group = max_records_per_batch, commit_group
         self.broker_timeout_s = parse_duration_ms(broker_timeout, what="broker_timeout") / 1000
         self._consumer: Any = None
         self._admin: Any = None
@@ -448,6 +457,27 @@ class KafkaSource(Source):
             per_part = self._fetch(ranges)
             return self._build(per_part)
 
+    def read_splits(self, start: Any, end: Any, pieces: int) -> list[ReadSplit] | None:
+        """The partitions with records in ``[start, end)``, in (topic, partition)
+        order, as ``pieces`` contiguous runs of about equal record counts
+        (:class:`KafkaSplit`). A read's rows are ordered by (topic, partition,
+        offset), so the runs read one after the other are the range's rows in
+        the same order, with the same decoding and dead letters."""
+        begin, stop = self._decode(start), self._decode(end)
+        ranges = sorted((k, begin.get(k, 0), e) for k, e in stop.items() if e > begin.get(k, 0))
+        return [
+            KafkaSplit(self._options, tuple(ranges[lo:hi]))
+            for lo, hi in balanced_runs([e - b for _, b, e in ranges], pieces)
+        ]
+
+    def read_run(self, ranges: Sequence[tuple[Key, int, int]]) -> SourceBatch:
+        """The records of ``(partition, start, end)`` ranges, as :meth:`read` gives them."""
+        if not ranges:
+            with _no_cyclic_gc():
+                return self._build({})
+        return self.read(_encode({k: b for k, b, _ in ranges}),
+                         _encode({k: e for k, _, e in ranges}))
+
     def _fetch(self, ranges: dict[Key, tuple[int, int]]) -> dict[Key, list[Chunk]]:
         """Consume each range; records per partition, in offset order."""
         consumer, _ = self._clients()
@@ -582,7 +612,8 @@ class KafkaSource(Source):
             partition_ids = pl.Series("partition", parts[good], dtype=pl.Int32)
         else:
             partition_ids = pl.Series(
-                "partition", [f"{t}:{p}" for t, p in zip(topics[good], parts[good], strict=True)]
+                "partition", [f"{t}:{p}" for t, p in zip(topics[good], parts[good], strict=True)],
+                dtype=pl.String,  # NOTE: typed when empty too (an empty split's rows)
             )
         letters = empty_dead_letters()
         if decoded.bad:
@@ -735,6 +766,50 @@ class KafkaSource(Source):
                 "was the checkpoint written by another kind of source?"
             )
         return {_parse_key(k): v for k, v in offset.items()}
+
+
+class KafkaSplit(ReadSplit):
+    """Some partitions' offset ranges of a batch, read where the split is sent.
+
+    Carries the source's options (bootstrap servers, topics, format, schema,
+    client config) and ``(topic, partition, start, end)`` per partition; the
+    worker reads them with its own consumer (``assign`` at the recorded
+    offsets, ``read_committed`` as configured: transaction markers and
+    aborted records take offsets but give no rows, as on the driver). The
+    consumer is kept per process for the next batch, so consecutive batches
+    of a partition stream from where the last one ended.
+    """
+
+    def __init__(self, options: dict[str, Any], ranges: tuple[tuple[Key, int, int], ...]) -> None:
+        self.options = options
+        self.ranges = ranges
+
+    def read(self) -> SourceBatch:
+        return _split_reader(self.options).read_run(self.ranges)
+
+    @property
+    def records(self) -> int:
+        """Offsets in the split's ranges (records, markers and aborted records)."""
+        return sum(e - b for _, b, e in self.ranges)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{_key_str(k)}[{b}, {e})" for k, b, e in self.ranges)
+        return f"KafkaSplit({parts})"
+
+
+_READERS: dict[str, KafkaSource] = {}
+_READERS_LOCK = threading.Lock()
+
+
+def _split_reader(options: dict[str, Any]) -> KafkaSource:
+    """This process's source for splits of a query's Kafka source (one consumer,
+    kept for the next batch; the process is a worker of one query)."""
+    key = repr(sorted(options.items(), key=operator.itemgetter(0)))
+    with _READERS_LOCK:
+        reader = _READERS.get(key)
+        if reader is None:
+            reader = _READERS[key] = KafkaSource(**options)
+        return reader
 
 
 class _RangeRead:

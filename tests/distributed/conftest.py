@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,3 +32,11 @@ def ray_cluster() -> Iterator[str]:
                  _node_ip_address="127.0.0.1")
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+
+@pytest.fixture
+def kafka_bootstrap(kafka_broker: Any) -> str:
+    """The ``host:port`` of this worker's session broker (``tests/conftest.py``:
+    the one the Kafka tests of this worker use too)."""
+    return str(kafka_broker.bootstrap)
