@@ -101,7 +101,9 @@ class RayConnection:
         handles = getattr(node, "all_processes", {}).get("raylet", []) if node else []
         for handle in handles:
             process = getattr(handle, "process", None)
-            code = None if process is None else process.poll()
+            if process is None:
+                continue
+            code = process.poll()
             if code is not None:
                 how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
                 return f"the raylet (pid {process.pid}) of the local Ray cluster has exited ({how})"
