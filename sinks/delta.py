@@ -75,10 +75,16 @@ from typing import TYPE_CHECKING, Any, Literal
 import polars as pl
 from polars.datatypes import DataTypeClass
 
-from sinks.base import BatchContext, OutputMode, Sink, SinkContext
+from sinks.base import BatchContext, OutputMode, Sink, SinkContext, WriteTask, WrittenBatch
 from sinks.changelog import CHANGE_TYPE, is_changelog
 from sinks.changes import changelog_rows, table_changes
 from sinks.delta_durability import local_root, persist_versions
+from sinks.delta_files import (
+    DEFAULT_INDEXED_COLUMNS,
+    DeltaWriteTask,
+    add_actions,
+    indexed_columns_of,
+)
 from sinks.delta_writers import WriterEntry, check_writers, now_text, register_writer
 from sinks.exceptions import SinkConfigError, SinkError
 
@@ -216,6 +222,9 @@ class DeltaSink(Sink):
         """The handle was refreshed by ``is_written`` for the batch being written."""
         self._steps: dict[str, float] = {}
         """Milliseconds of the steps of the batch being written (see :meth:`metrics`)."""
+        self._indexed: int | None = DEFAULT_INDEXED_COLUMNS
+        """Columns with statistics in files workers write (the table's setting);
+        ``None``: a setting they do not follow, the driver writes."""
 
     # ------------------------------------------------------------------ protocol
 
@@ -246,6 +255,7 @@ class DeltaSink(Sink):
             self._check_partitioning(self._table)
             self._check_change_feed(self._table)
             self._register(self._table)
+            self._indexed = indexed_columns_of(dict(self._table.metadata().configuration))
 
     def _writer(self) -> WriterEntry:
         ctx = self.context
@@ -331,6 +341,90 @@ class DeltaSink(Sink):
             f"Delta table {self.uri}: batch {batch_id} hit a commit conflict on each of "
             f"{self.max_attempts} attempts (last: {last_error}). Another writer is committing "
             "to the table continuously; the batch was not written and is retried on restart."
+        )
+
+    def distributed_writer(self, batch_id: int) -> WriteTask | None:
+        """Workers write the data files of an ``append`` or ``changelog`` batch to a
+        local (or shared-filesystem) table without partitions, the driver commits
+        them (:meth:`commit_written`). ``None`` (the driver writes, as in one
+        process) for ``update`` (a MERGE reads the table: one writer),
+        ``complete``, partitioned tables, ``schema_mode="merge"`` (the driver
+        evolves the schema as it aligns the rows) and object stores."""
+        ctx = self.context
+        if (ctx.output_mode not in ("append", "changelog") or self.partition_by
+                or self.schema_mode is not None or self._indexed is None):
+            return None
+        root = local_root(self.uri)
+        if root is None:
+            return None
+        return DeltaWriteTask(batch_id=batch_id, root=str(root), output_mode=ctx.output_mode,
+                              key_columns=self.merge_keys or ctx.key_columns,
+                              indexed_columns=self._indexed)
+
+    def commit_written(self, batch: BatchContext, written: WrittenBatch) -> None:
+        """Commit the files workers wrote for ``batch`` as one table version carrying
+        the app transaction, as :meth:`write` commits rows: the handle that reads
+        the transaction version commits; a conflict reloads and decides again; a
+        schema that differs from the table's is refused before the commit (the
+        files stay unreferenced). A batch without rows commits nothing."""
+        from deltalake import CommitProperties, Transaction
+
+        batch_id, ctx = batch.batch_id, self.context
+        started = time.perf_counter()
+        schema = pl.DataFrame(schema=dict(written.schema or {}))
+        last_error: Exception | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            table = self._table if self._fresh else self._refresh()
+            self._fresh = False
+            if attempt > 1 and _has_batch(table, batch):  # a racing writer of ours won
+                self._record(batch_id, skipped=True, attempts=attempt, started=started)
+                return
+            if not written.files:
+                self._record(batch_id, skipped=False, attempts=attempt, started=started)
+                return
+            if table is None:
+                table = self._create(schema, batch_id)
+            else:  # NOTE: before every commit: a promote may have retired this query
+                check_writers(table, uri=self.uri, me=self._writer(), opening=False)
+            problems = schema_differences(table.schema(), _delta_schema(schema, batch_id,
+                                                                         self.uri))
+            if problems:
+                raise SinkError(_mismatch_message(self.uri, batch_id, problems, None)
+                                .replace("Nothing was written.", "Nothing was committed."))
+            batch.at("sink.before_commit")
+            read_version = table.version()
+            step = time.perf_counter()
+            try:
+                table.create_write_transaction(
+                    add_actions(written.files), mode="append", schema=table.schema(),
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(ctx.query_id, batch_id)],
+                        custom_metadata={"microbatch.query_id": ctx.query_id,
+                                         "microbatch.role": ctx.role,
+                                         "microbatch.written_by": "workers"},
+                    ),
+                )
+            except Exception as exc:
+                if not _is_conflict(exc):
+                    raise self._write_error(batch_id, exc) from exc
+                last_error = exc
+                log.info("Delta table %s: batch %d commit conflict (attempt %d): %s; "
+                         "reloading", self.uri, batch_id, attempt, exc)
+                self._table = None
+                continue
+            self._steps["write_ms"] = _ms_since(step)
+            step = time.perf_counter()
+            self._persist(read_version + 1)
+            self._steps["fsync_ms"] = _ms_since(step)
+            self._record(batch_id, skipped=False, attempts=attempt, started=started)
+            self.last_commit["files"] = len(written.files)
+            batch.at("sink.after_commit")
+            self._maybe_optimize(batch_id)
+            return
+        raise SinkError(
+            f"Delta table {self.uri}: batch {batch_id} hit a commit conflict on each of "
+            f"{self.max_attempts} attempts (last: {last_error}). Another writer is committing "
+            "to the table continuously; the batch was not committed and is retried on restart."
         )
 
     def close(self) -> None:

@@ -5,7 +5,10 @@ Per batch the driver calls :meth:`ShardWorker.map` on every worker (a slice
 of each source's rows -> the rows entering the plan's stateful nodes, cut into
 one piece per shard), then :meth:`ShardWorker.reduce` (each owned shard: the
 pieces of all workers, in slice order -> the shard's operators -> its output
-rows), then :meth:`ShardWorker.commit`. Each shard is a
+rows), then :meth:`ShardWorker.commit`. Given the sink's
+:class:`~sinks.base.WriteTask` (``write_task=``), the worker writes the output
+rows as the sink's data files itself and returns their descriptions instead
+of the rows; the driver commits them. Each shard is a
 :class:`~microbatch.engine.batch_executor.BatchExecutor` over the shard's own state
 directory, so a shard behaves exactly as the whole query does in one process,
 for the keys that hash to it.
@@ -29,7 +32,9 @@ from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.faults import fault_point
 from microbatch.engine.watermark import WatermarkTracker
 from microbatch.operators.base import OperatorContext
+from microbatch.operators.changes import sink_rows
 from microbatch.types import OutputMode
+from sinks.base import WriteTask, WrittenFile
 
 Observation = tuple[str, dict[str, int]]
 """(watermark node id, max event time per source partition) seen by a worker."""
@@ -119,20 +124,27 @@ class ShardWorker:
                 self.shards[shard] = executor
 
     def map(
-        self, inputs: dict[str, pa.Table], first_row: int, ctx: OperatorContext
+        self, inputs: dict[str, pa.Table], first_row: int, ctx: OperatorContext,
+        *, write_task: WriteTask | None = None,
     ) -> Any:
         """Stateless steps over a slice of the batch: ``(facts, piece of shard 0,
         piece of shard 1, ...)``, each piece the rows entering each exchange
         point; without stateful nodes, only ``facts``, whose ``"output"`` holds
-        the result."""
+        the result (``"written"``: the files ``write_task`` wrote of it)."""
         fault_point("worker.map", ctx.batch_id)
         t0 = time.perf_counter()
         frames = {sid: from_wire(table) for sid, table in inputs.items()}
         if not self.frontier:
             output = self.mapper.execute(frames, ctx)
-            return {"output": to_wire(output), "watermarks": self._observed(self.mapper),
-                    "late_rows": [to_wire(f) for f in ctx.late_rows], "busy_ms": _ms(t0),
-                    "rows": 0, "bytes": 0}
+            facts = {"watermarks": self._observed(self.mapper),
+                     "late_rows": [to_wire(f) for f in ctx.late_rows], "rows": 0, "bytes": 0}
+            if write_task is None:
+                facts["output"] = to_wire(output)
+            else:
+                with durability_level(self.durability):
+                    facts["written"] = self._write(write_task, output, first_row, ctx.batch_id)
+            facts["busy_ms"] = _ms(t0)
+            return facts
         exchanged = self.mapper.stateless_inputs(self.frontier, frames, ctx)
         pieces: list[dict[tuple[int, int], pa.Table]] = [{} for _ in range(self.layout.shards)]
         for point, frame in exchanged.items():
@@ -152,11 +164,21 @@ class ShardWorker:
         assert isinstance(tracker, ObservingTracker)
         return tracker.take()
 
+    def _write(
+        self, task: WriteTask, output: pl.DataFrame, part: int, batch_id: int
+    ) -> list[WrittenFile]:
+        """``output`` as the sink's data files (as the sink receives rows)."""
+        written = task.write(sink_rows(output, self.output_mode), part)
+        fault_point("worker.after_write", batch_id)
+        return written
+
     def reduce(
-        self, ctx: OperatorContext, pieces: dict[int, list[Any]]
+        self, ctx: OperatorContext, pieces: dict[int, list[Any]],
+        *, write_task: WriteTask | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Each owned shard's operators over its pieces (object refs, in slice
-        order): per shard, its output rows, late rows, metrics, watermark facts."""
+        order): per shard, its output rows (with ``write_task``: the files it
+        wrote of them, ``"written"``), late rows, metrics, watermark facts."""
         import ray
 
         fault_point("worker.reduce", ctx.batch_id)
@@ -177,12 +199,15 @@ class ShardWorker:
                 executor = self.shards[shard]
                 output = executor.execute({}, shard_ctx, exchanged)
                 out[shard] = {
-                    "output": to_wire(output),
                     "late_rows": [to_wire(f) for f in shard_ctx.late_rows],
                     "metrics": shard_ctx.metrics,
                     "watermarks": self._observed(executor),
-                    "busy_ms": _ms(t0),
                 }
+                if write_task is None:
+                    out[shard]["output"] = to_wire(output)
+                else:
+                    out[shard]["written"] = self._write(write_task, output, shard, ctx.batch_id)
+                out[shard]["busy_ms"] = _ms(t0)
         return out
 
     def commit(self, batch_id: int) -> dict[str, Any]:

@@ -1,0 +1,211 @@
+"""Delta data files written by workers, committed by the driver.
+
+A query on Ray workers may let each worker write its shards' output rows as
+Parquet files in the table's directory (:class:`DeltaWriteTask`, sent to the
+workers by :meth:`sinks.delta.DeltaSink.distributed_writer`); the driver then
+commits all of a batch's files as one table version carrying the app
+transaction ``(query id, batch id)`` (:meth:`sinks.delta.DeltaSink.commit_written`,
+through delta-rs's ``create_write_transaction``). Each file's add action carries
+its statistics (:func:`delta_stats`), which readers use to skip files.
+
+File names are new for every attempt (a UUID): a worker that is lost and
+re-runs its shard, or a replay of a batch already committed, writes new files
+and never touches a committed one. Files never committed stay in the table's
+directory unreferenced, as a crashed ``write_deltalake`` leaves them: readers
+never see them, and ``VACUUM`` removes them once older than its retention.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from sinks.base import OutputMode, WriteTask, WrittenFile
+from sinks.changes import changelog_rows
+from sinks.exceptions import SinkError
+from statestore.durable import fsync_dir, make_dirs, write_atomic
+
+__all__ = ["DEFAULT_INDEXED_COLUMNS", "DeltaWriteTask", "delta_stats"]
+
+DEFAULT_INDEXED_COLUMNS = 32
+"""Delta's ``delta.dataSkippingNumIndexedCols`` default: statistics for the first 32 columns."""
+_STRING_PREFIX = 64
+"""A string minimum is cut to its first 64 characters (still a lower bound, as
+delta-rs writes it); a longer maximum is left out (a cut one is no upper bound)."""
+
+
+def delta_stats(df: pl.DataFrame, *, indexed_columns: int = DEFAULT_INDEXED_COLUMNS) -> str:
+    """The ``stats`` JSON of a Delta add action for a file holding ``df``.
+
+    ``numRecords``; ``nullCount`` and, when the column has a value,
+    ``minValues``/``maxValues`` for the first ``indexed_columns`` columns of
+    the types readers skip on (numbers, strings, booleans, dates, timestamps);
+    no statistics for nested and binary columns (allowed: a reader then reads
+    the file). Every bound holds: NaN is ignored as delta-rs does, a timestamp
+    minimum is floored and a maximum ceiled to milliseconds (Delta's
+    precision), a float column holding an infinity gets no bounds. One
+    vectorized pass over the frame."""
+    columns = [c for c, t in list(df.schema.items())[:max(indexed_columns, 0)] if _kind(t)]
+    if not columns or df.height == 0:
+        return json.dumps({"numRecords": df.height, "minValues": {}, "maxValues": {},
+                           "nullCount": dict.fromkeys(columns, 0)}, separators=(",", ":"))
+    exprs: list[pl.Expr] = []
+    for name in columns:
+        col = pl.col(name)
+        kind = _kind(df.schema[name])
+        values = col.filter(col.is_not_nan()) if kind == "float" else col
+        exprs += [
+            col.null_count().alias(f"n:{name}"),
+            values.min().alias(f"lo:{name}"),
+            values.max().alias(f"hi:{name}"),
+        ]
+        if kind == "float":
+            exprs.append(col.is_infinite().any().alias(f"inf:{name}"))
+        if kind == "string":
+            exprs.append(col.str.len_chars().max().alias(f"len:{name}"))
+    row = df.select(exprs).row(0, named=True)
+    lows: dict[str, Any] = {}
+    highs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in columns:
+        dtype = df.schema[name]
+        kind = _kind(dtype)
+        nulls[name] = int(row[f"n:{name}"])
+        low, high = row[f"lo:{name}"], row[f"hi:{name}"]
+        if low is None or (kind == "float" and row[f"inf:{name}"]):
+            continue
+        if kind == "string":
+            lows[name] = low[:_STRING_PREFIX]
+            if row[f"len:{name}"] <= _STRING_PREFIX:
+                highs[name] = high
+        elif kind == "datetime":
+            assert isinstance(dtype, pl.Datetime)
+            lows[name] = _timestamp(low, dtype, ceil=False)
+            highs[name] = _timestamp(high, dtype, ceil=True)
+        elif kind == "date":
+            lows[name], highs[name] = low.isoformat(), high.isoformat()
+        elif kind == "decimal":
+            lows[name], highs[name] = float(low), float(high)
+        else:
+            lows[name], highs[name] = low, high
+    return json.dumps({"numRecords": df.height, "minValues": lows, "maxValues": highs,
+                       "nullCount": nulls}, separators=(",", ":"), allow_nan=False)
+
+
+def _kind(dtype: Any) -> str | None:
+    if dtype.is_integer():
+        return "int"
+    if dtype.is_float():
+        return "float"
+    if isinstance(dtype, pl.Decimal):
+        return "decimal"
+    if dtype in (pl.String, pl.Boolean, pl.Date):
+        return {pl.String: "string", pl.Boolean: "bool", pl.Date: "date"}[dtype.base_type()]
+    if isinstance(dtype, pl.Datetime):
+        return "datetime"
+    return None
+
+
+def _timestamp(value: Any, dtype: pl.Datetime, *, ceil: bool) -> str:
+    """A timestamp bound at millisecond precision, as Delta's stats write it."""
+    micros = value.microsecond % 1000
+    if micros and ceil:
+        from datetime import timedelta
+
+        value = value + timedelta(microseconds=1000 - micros)
+    elif micros:
+        value = value.replace(microsecond=value.microsecond - micros)
+    millis = f"{value.microsecond // 1000:03d}"
+    if dtype.time_zone is None:
+        return f"{value:%Y-%m-%d %H:%M:%S}.{millis}"
+    return f"{value:%Y-%m-%dT%H:%M:%S}.{millis}Z"
+
+
+@dataclass(frozen=True)
+class DeltaWriteTask(WriteTask):
+    """Writes a share of one batch's rows as Parquet files in a local Delta table's
+    directory, each with its add action's statistics; commits nothing."""
+
+    batch_id: int
+    root: str
+    """The table's directory (a local path: workers and driver see the same one)."""
+    output_mode: OutputMode
+    key_columns: tuple[str, ...]
+    indexed_columns: int = DEFAULT_INDEXED_COLUMNS
+    compression: str = "snappy"
+
+    def write(self, df: pl.DataFrame, part: int) -> list[WrittenFile]:
+        """``df`` as one file ``part-<batch>-<part>-<uuid>.<codec>.parquet`` (none
+        without rows), written and fsynced (the directory too) before it returns."""
+        from sinks.delta import delta_frame
+
+        if self.output_mode == "changelog":
+            df = changelog_rows(df, self.key_columns,
+                                f"Delta table {self.root} batch {self.batch_id}")
+        data = delta_frame(df, batch_id=self.batch_id, uri=self.root)
+        if data.height == 0:
+            return []
+        name = (f"part-{self.batch_id:010d}-{part:05d}-{uuid.uuid4().hex}."
+                f"{self.compression}.parquet")
+        root = Path(self.root)
+        try:
+            make_dirs(root)
+            buffer = _encode(data, self.compression)
+            write_atomic(root / name, buffer, sync_dir=False)
+            fsync_dir(root)
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise SinkError(
+                f"cannot write a data file of batch {self.batch_id} in Delta table "
+                f"{self.root}: {exc}. Nothing was committed; the batch is re-run."
+            ) from exc
+        return [WrittenFile(
+            path=name, size=len(buffer), rows=data.height,
+            stats=delta_stats(data, indexed_columns=self.indexed_columns),
+            schema=dict(data.schema),
+            extra={"modification_time": int(time.time() * 1000)},
+        )]
+
+
+def _encode(data: pl.DataFrame, compression: str) -> memoryview:
+    import io
+
+    buffer = io.BytesIO()
+    data.write_parquet(buffer, compression=compression, statistics=True)  # type: ignore[arg-type]
+    return buffer.getbuffer()
+
+
+def indexed_columns_of(configuration: dict[str, str | None]) -> int | None:
+    """The table's ``delta.dataSkippingNumIndexedCols`` (``None``: a setting this
+    writer does not follow, ``delta.dataSkippingStatsColumns``: the driver writes)."""
+    if configuration.get("delta.dataSkippingStatsColumns"):
+        return None
+    text = configuration.get("delta.dataSkippingNumIndexedCols")
+    if text is None:
+        return DEFAULT_INDEXED_COLUMNS
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def add_actions(files: Sequence[WrittenFile]) -> list[Any]:
+    """delta-rs add actions for ``files`` (data changes, with their statistics)."""
+    from deltalake.transaction import AddAction
+
+    return [
+        AddAction(
+            path=f.path, size=f.size, partition_values=dict(f.partition_values),
+            modification_time=int(f.extra.get("modification_time", 0)), data_change=True,
+            stats=f.stats or json.dumps({"numRecords": f.rows}),
+        )
+        for f in files
+    ]
+
