@@ -122,10 +122,10 @@ def _timestamp(value: Any, dtype: pl.Datetime, *, ceil: bool) -> str:
         value = value + timedelta(microseconds=1000 - micros)
     elif micros:
         value = value.replace(microsecond=value.microsecond - micros)
-    millis = f"{value.microsecond // 1000:03d}"
+    millis = f".{value.microsecond // 1000:03d}" if value.microsecond else ""
     if dtype.time_zone is None:
-        return f"{value:%Y-%m-%d %H:%M:%S}.{millis}"
-    return f"{value:%Y-%m-%dT%H:%M:%S}.{millis}Z"
+        return f"{value:%Y-%m-%d %H:%M:%S}{millis}"
+    return f"{value:%Y-%m-%dT%H:%M:%S}{millis}Z"
 
 
 @dataclass(frozen=True)
