@@ -27,6 +27,7 @@ from deltalake import DeltaTable
 
 import microbatch as mb
 from microbatch.cli.jobfile import load_job
+from microbatch.exceptions import QueryTerminatedError
 from microbatch.observability.progress import load_progress
 from microbatch.sources.generator import GeneratorSource
 from sinks.base import Sink
@@ -201,33 +202,49 @@ def _cli(job_args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=240)
 
 
-@pytest.mark.parametrize(("sink", "fault", "killed"), [
-    ("delta", "worker.after_write@3", "worker"),
-    ("delta", "sink.after_commit@4", "driver"),
-    ("parquet", "worker.after_write@2", "worker"),
-])
 def test_kills_between_the_workers_files_and_the_commit_keep_each_window_once(
-    ray_cluster: str, tmp_path: Path, sink: str, fault: str, killed: str
+    ray_cluster: str, tmp_path: Path
 ) -> None:
+    """A worker dies after writing its files in batch 2 (replaced, the batch re-run);
+    the driver dies after batch 4's Delta commit, before ``commits/4`` (the restart
+    re-runs batch 4, whose commit finds the app transaction and skips)."""
+    sink, faults = "delta", ["worker.after_write@2", "sink.after_commit@4"]
     out, chk, fired = tmp_path / "out", tmp_path / "chk", tmp_path / "fired"
     fired.mkdir()
     args = ["run", str(JOB), "--checkpoint", str(chk), "--trigger", "available-now", "--flush",
             "--param", f"output={out}", "--param", f"sink={sink}",
             "--workers", "2", "--ray-address", ray_cluster]
-    first = _cli(args, {"MICROBATCH_FAULT": fault, "MICROBATCH_FAULT_ONCE": str(fired)})
-    if killed == "driver":
-        assert first.returncode == -signal.SIGKILL, first.stderr
-        again = _cli(args, {})
-        assert again.returncode == 0, again.stderr
-    else:
-        assert first.returncode == 0, first.stderr
-        assert "replacing the workers" in first.stderr
-    assert [p.name for p in fired.iterdir()] == [fault]
-    got = pl.read_delta(str(out)) if sink == "delta" else mb.parquet_table(out)
+    first = _cli(args, {"MICROBATCH_FAULT": ",".join(faults),
+                        "MICROBATCH_FAULT_ONCE": str(fired)})
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    assert "replacing the workers" in first.stderr
+    assert sorted(p.name for p in fired.iterdir()) == sorted(faults)
+    again = _cli(args, {})
+    assert again.returncode == 0, again.stderr
+    got = pl.read_delta(str(out))
     assert got.select(KEY).is_duplicated().sum() == 0, "a window was written twice"
     assert comparable(got).equals(comparable(oracle()))
-    if sink == "delta":  # the orphaned files of the lost attempt are not in the table
-        dt = DeltaTable(str(out))
-        on_disk = {p.name for p in out.glob("*.parquet")}
-        referenced = {Path(f).name for f in dt.file_uris()}
-        assert referenced < on_disk, "the killed attempt left no unreferenced file"
+    on_disk = {p.name for p in out.glob("*.parquet")}
+    referenced = {Path(f).name for f in DeltaTable(str(out)).file_uris()}
+    # the lost attempts' files are on disk, unreferenced (VACUUM's to remove)
+    assert referenced < on_disk, "the killed attempts left no unreferenced file"
+
+
+def test_a_driver_crash_between_the_workers_files_and_the_manifest_keeps_each_window_once(
+    ray_cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parquet: the driver fails after the workers wrote batch 3's files, before its
+    manifest entry (the commit point; an in-process crash: the query object is
+    dropped); a new query on the checkpoint re-runs batch 3 once."""
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    executor = mb.RayExecutor(workers=2, address=ray_cluster)
+    monkeypatch.setenv("MICROBATCH_FAULT", "sink.after_data@3")
+    monkeypatch.setenv("MICROBATCH_FAULT_ACTION", "raise")
+    with pytest.raises(QueryTerminatedError, match=r"injected fault at sink\.after_data"):
+        run(windowed(payments()).write_parquet(out), chk, executor)
+    assert {f.name for f in committed_files(out)} < {p.name for p in out.glob("*.parquet")}
+    monkeypatch.delenv("MICROBATCH_FAULT")
+    run(windowed(payments()).write_parquet(out), chk, executor)
+    got = mb.parquet_table(out)
+    assert got.select(KEY).is_duplicated().sum() == 0, "a window was written twice"
+    assert comparable(got).equals(comparable(oracle()))
