@@ -73,7 +73,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
-from polars.datatypes import DataTypeClass
 
 from sinks.base import BatchContext, OutputMode, Sink, SinkContext, WriteTask, WrittenBatch
 from sinks.changelog import CHANGE_TYPE, is_changelog
@@ -83,6 +82,7 @@ from sinks.delta_files import (
     DEFAULT_INDEXED_COLUMNS,
     DeltaWriteTask,
     add_actions,
+    delta_frame,
     indexed_columns_of,
 )
 from sinks.delta_writers import WriterEntry, check_writers, now_text, register_writer
@@ -105,14 +105,6 @@ _CDF_COLUMNS = (CHANGE_TYPE, "_commit_version", "_commit_timestamp")
 """Columns a change feed reader adds: a table with the feed must not have them."""
 _DELETED = "__microbatch_deleted__"
 """The MERGE source's column marking a key to delete (never written to the table)."""
-_UNSIGNED: dict[type[pl.DataType], pl.DataType] = {
-    pl.UInt8: pl.Int16(),
-    pl.UInt16: pl.Int32(),
-    pl.UInt32: pl.Int64(),
-    pl.UInt64: pl.Int64(),
-}
-"""Delta has no unsigned integers: each is widened to the signed type that holds it."""
-_INT64_MAX = 2**63 - 1
 
 
 class DeltaSink(Sink):
@@ -711,65 +703,6 @@ def table_uri(path: str | os.PathLike[str]) -> str:
     if "://" in text:
         return text.rstrip("/")
     return os.path.abspath(os.path.expanduser(text))
-
-
-def delta_frame(df: pl.DataFrame, *, batch_id: int, uri: str) -> pl.DataFrame:
-    """``df`` with types Delta can store.
-
-    Unsigned integers widen to the next signed type (``UInt64`` to ``Int64``,
-    refusing values above 2**63-1), categoricals become strings, datetimes
-    become microseconds (Delta's precision). Types Delta has no counterpart
-    for (durations, times, objects, untyped nulls) raise :class:`SinkError`
-    naming the column.
-    """
-    casts: dict[str, pl.DataType] = {}
-    for name, dtype in df.schema.items():
-        target = _delta_dtype(dtype, name, batch_id, uri)
-        if target != dtype:
-            casts[name] = target
-    if not casts:
-        return df
-    exprs = []
-    for name, target in casts.items():
-        dtype = df.schema[name]
-        if dtype == pl.UInt64 and df.select((pl.col(name) > _INT64_MAX).any()).item():
-            raise SinkError(
-                f"Delta table {uri}: batch {batch_id} column {name!r} (UInt64) holds values "
-                "above 2**63-1, which Delta's long cannot hold; cast it to a decimal or string"
-            )
-        if isinstance(dtype, pl.Datetime) and dtype.time_zone not in (None, "UTC"):
-            # a cast would relabel the wall clock; converting keeps the instant
-            exprs.append(pl.col(name).dt.convert_time_zone("UTC").cast(target))
-        else:
-            exprs.append(pl.col(name).cast(target))
-    return df.with_columns(exprs)
-
-
-def _delta_dtype(
-    dtype: pl.DataType | DataTypeClass, name: str, batch_id: int, uri: str
-) -> pl.DataType:
-    if isinstance(dtype, DataTypeClass):  # nested types may hold classes, not instances
-        return _delta_dtype(dtype(), name, batch_id, uri)
-    base = dtype.base_type()
-    if base in _UNSIGNED:
-        return _UNSIGNED[base]
-    if base in (pl.Categorical, pl.Enum):
-        return pl.String()
-    if isinstance(dtype, pl.Datetime):
-        return pl.Datetime("us", dtype.time_zone and "UTC")
-    if isinstance(dtype, pl.List | pl.Array):
-        return pl.List(_delta_dtype(dtype.inner, name, batch_id, uri))
-    if isinstance(dtype, pl.Struct):
-        return pl.Struct(
-            [pl.Field(f.name, _delta_dtype(f.dtype, name, batch_id, uri)) for f in dtype.fields]
-        )
-    if base in (pl.Duration, pl.Time, pl.Object, pl.Null):
-        raise SinkError(
-            f"Delta table {uri}: batch {batch_id} column {name!r} has type {dtype}, which "
-            "Delta cannot store; cast it (e.g. a duration to Int64 microseconds, a time to "
-            "a string) before write_delta"
-        )
-    return dtype
 
 
 def _arrow(data: pl.DataFrame) -> pa.Table:

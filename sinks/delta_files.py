@@ -26,19 +26,89 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from polars.datatypes import DataTypeClass
 
 from sinks.base import OutputMode, WriteTask, WrittenFile
 from sinks.changes import changelog_rows
 from sinks.exceptions import SinkError
 from statestore.durable import fsync_dir, make_dirs, write_atomic
 
-__all__ = ["DEFAULT_INDEXED_COLUMNS", "DeltaWriteTask", "delta_stats"]
+__all__ = ["DEFAULT_INDEXED_COLUMNS", "DeltaWriteTask", "delta_frame", "delta_stats"]
 
 DEFAULT_INDEXED_COLUMNS = 32
 """Delta's ``delta.dataSkippingNumIndexedCols`` default: statistics for the first 32 columns."""
 _STRING_PREFIX = 64
 """A string minimum is cut to its first 64 characters (still a lower bound, as
 delta-rs writes it); a longer maximum is left out (a cut one is no upper bound)."""
+
+
+_UNSIGNED: dict[type[pl.DataType], pl.DataType] = {
+    pl.UInt8: pl.Int16(),
+    pl.UInt16: pl.Int32(),
+    pl.UInt32: pl.Int64(),
+    pl.UInt64: pl.Int64(),
+}
+"""Delta has no unsigned integers: each is widened to the signed type that holds it."""
+_INT64_MAX = 2**63 - 1
+
+
+def delta_frame(df: pl.DataFrame, *, batch_id: int, uri: str) -> pl.DataFrame:
+    """``df`` with types Delta can store.
+
+    Unsigned integers widen to the next signed type (``UInt64`` to ``Int64``,
+    refusing values above 2**63-1), categoricals become strings, datetimes
+    become microseconds (Delta's precision). Types Delta has no counterpart
+    for (durations, times, objects, untyped nulls) raise :class:`SinkError`
+    naming the column.
+    """
+    casts: dict[str, pl.DataType] = {}
+    for name, dtype in df.schema.items():
+        target = _delta_dtype(dtype, name, batch_id, uri)
+        if target != dtype:
+            casts[name] = target
+    if not casts:
+        return df
+    exprs = []
+    for name, target in casts.items():
+        dtype = df.schema[name]
+        if dtype == pl.UInt64 and df.select((pl.col(name) > _INT64_MAX).any()).item():
+            raise SinkError(
+                f"Delta table {uri}: batch {batch_id} column {name!r} (UInt64) holds values "
+                "above 2**63-1, which Delta's long cannot hold; cast it to a decimal or string"
+            )
+        if isinstance(dtype, pl.Datetime) and dtype.time_zone not in (None, "UTC"):
+            # a cast would relabel the wall clock; converting keeps the instant
+            exprs.append(pl.col(name).dt.convert_time_zone("UTC").cast(target))
+        else:
+            exprs.append(pl.col(name).cast(target))
+    return df.with_columns(exprs)
+
+
+def _delta_dtype(
+    dtype: pl.DataType | DataTypeClass, name: str, batch_id: int, uri: str
+) -> pl.DataType:
+    if isinstance(dtype, DataTypeClass):  # nested types may hold classes, not instances
+        return _delta_dtype(dtype(), name, batch_id, uri)
+    base = dtype.base_type()
+    if base in _UNSIGNED:
+        return _UNSIGNED[base]
+    if base in (pl.Categorical, pl.Enum):
+        return pl.String()
+    if isinstance(dtype, pl.Datetime):
+        return pl.Datetime("us", dtype.time_zone and "UTC")
+    if isinstance(dtype, pl.List | pl.Array):
+        return pl.List(_delta_dtype(dtype.inner, name, batch_id, uri))
+    if isinstance(dtype, pl.Struct):
+        return pl.Struct(
+            [pl.Field(f.name, _delta_dtype(f.dtype, name, batch_id, uri)) for f in dtype.fields]
+        )
+    if base in (pl.Duration, pl.Time, pl.Object, pl.Null):
+        raise SinkError(
+            f"Delta table {uri}: batch {batch_id} column {name!r} has type {dtype}, which "
+            "Delta cannot store; cast it (e.g. a duration to Int64 microseconds, a time to "
+            "a string) before write_delta"
+        )
+    return dtype
 
 
 def delta_stats(df: pl.DataFrame, *, indexed_columns: int = DEFAULT_INDEXED_COLUMNS) -> str:
@@ -144,8 +214,6 @@ class DeltaWriteTask(WriteTask):
     def write(self, df: pl.DataFrame, part: int) -> list[WrittenFile]:
         """``df`` as one file ``part-<batch>-<part>-<uuid>.<codec>.parquet`` (none
         without rows), written and fsynced (the directory too) before it returns."""
-        from sinks.delta import delta_frame
-
         if self.output_mode == "changelog":
             df = changelog_rows(df, self.key_columns,
                                 f"Delta table {self.root} batch {self.batch_id}")
