@@ -336,14 +336,14 @@ class DeltaSink(Sink):
         )
 
     def distributed_writer(self, batch_id: int) -> WriteTask | None:
-        """Workers write the data files of an ``append`` or ``changelog`` batch to a
-        local (or shared-filesystem) table without partitions, the driver commits
-        them (:meth:`commit_written`). ``None`` (the driver writes, as in one
-        process) for ``update`` (a MERGE reads the table: one writer),
-        ``complete``, partitioned tables, ``schema_mode="merge"`` (the driver
-        evolves the schema as it aligns the rows) and object stores."""
+        """Workers write the data files of an ``append``, ``changelog`` or
+        ``complete`` batch to a local (or shared-filesystem) table without
+        partitions, the driver commits them (:meth:`commit_written`). ``None``
+        (the driver writes, as in one process) for ``update`` (a MERGE reads the
+        table: one writer), partitioned tables, ``schema_mode="merge"`` (the
+        driver evolves the schema as it aligns the rows) and object stores."""
         ctx = self.context
-        if (ctx.output_mode not in ("append", "changelog") or self.partition_by
+        if (ctx.output_mode == "update" or self.partition_by
                 or self.schema_mode is not None or self._indexed is None):
             return None
         root = local_root(self.uri)
@@ -358,7 +358,9 @@ class DeltaSink(Sink):
         the app transaction, as :meth:`write` commits rows: the handle that reads
         the transaction version commits; a conflict reloads and decides again; a
         schema that differs from the table's is refused before the commit (the
-        files stay unreferenced). A batch without rows commits nothing."""
+        files stay unreferenced). ``complete``: the version overwrites the
+        table (an empty result empties it). A batch without rows commits nothing
+        in the other modes, and in ``complete`` mode before the table exists."""
         from deltalake import CommitProperties, Transaction
 
         batch_id, ctx = batch.batch_id, self.context
@@ -371,15 +373,16 @@ class DeltaSink(Sink):
             if attempt > 1 and _has_batch(table, batch):  # a racing writer of ours won
                 self._record(batch_id, skipped=True, attempts=attempt, started=started)
                 return
-            if not written.files:
+            overwrite = ctx.output_mode == "complete"
+            if not written.files and (not overwrite or table is None):
                 self._record(batch_id, skipped=False, attempts=attempt, started=started)
                 return
             if table is None:
                 table = self._create(schema, batch_id)
             else:  # NOTE: before every commit: a promote may have retired this query
                 check_writers(table, uri=self.uri, me=self._writer(), opening=False)
-            problems = schema_differences(table.schema(), _delta_schema(schema, batch_id,
-                                                                         self.uri))
+            problems = [] if written.schema is None else schema_differences(
+                table.schema(), _delta_schema(schema, batch_id, self.uri))
             if problems:
                 raise SinkError(_mismatch_message(self.uri, batch_id, problems, None)
                                 .replace("Nothing was written.", "Nothing was committed."))
@@ -388,7 +391,8 @@ class DeltaSink(Sink):
             step = time.perf_counter()
             try:
                 table.create_write_transaction(
-                    add_actions(written.files), mode="append", schema=table.schema(),
+                    add_actions(written.files), mode="overwrite" if overwrite else "append",
+                    schema=table.schema(),
                     commit_properties=CommitProperties(
                         app_transactions=[Transaction(ctx.query_id, batch_id)],
                         custom_metadata={"microbatch.query_id": ctx.query_id,

@@ -180,6 +180,29 @@ def test_workers_write_parquet_files_and_the_driver_writes_the_manifest(
     assert all(len(name.split("-")) == 5 for name in listed), listed  # shard and uuid
 
 
+def test_complete_mode_delta_overwrites_with_the_workers_files(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    """``complete``: each batch is one overwrite of the whole result, from files the
+    workers wrote; the last version is every key's count over all rows."""
+    table = tmp_path / "t"
+    totals = payments().group_by("card_id").agg(pl.len().alias("n"))
+    writer = totals.write_delta(table, output_mode="complete")
+    counting = Counting(writer.sink)
+    run(writer, tmp_path / "chk", mb.RayExecutor(workers=2, address=ray_cluster))
+    assert counting.rows_calls == 0
+    assert counting.file_commits >= 6
+    source = payments().plan.sources()[0]
+    assert isinstance(source, GeneratorSource)
+    rows = source.rows(0, job.ROWS, origin_ms=0)
+    want = rows.group_by("card_id").agg(pl.len().cast(pl.Int64).alias("n")).sort("card_id")
+    got = pl.read_delta(str(table)).with_columns(pl.col("n").cast(pl.Int64)).sort("card_id")
+    assert got.equals(want)
+    modes = [h["operationParameters"]["mode"] for h in DeltaTable(str(table)).history()
+             if h["operation"] == "WRITE"]
+    assert modes == ["Overwrite"] * counting.file_commits
+
+
 def test_update_mode_delta_stays_on_the_driver(ray_cluster: str, tmp_path: Path) -> None:
     """A MERGE reads the table: the workers return rows, the driver writes them."""
     writer = windowed(payments()).write_delta(tmp_path / "t", output_mode="update")
