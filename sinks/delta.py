@@ -84,6 +84,7 @@ from sinks.delta_files import (
     add_actions,
     delta_frame,
     indexed_columns_of,
+    partitions_supported,
 )
 from sinks.delta_writers import WriterEntry, check_writers, now_text, register_writer
 from sinks.exceptions import SinkConfigError, SinkError
@@ -214,6 +215,8 @@ class DeltaSink(Sink):
         """The handle was refreshed by ``is_written`` for the batch being written."""
         self._steps: dict[str, float] = {}
         """Milliseconds of the steps of the batch being written (see :meth:`metrics`)."""
+        self._partitions_ok = not self.partition_by
+        """Workers can write the table's partition values (known once the table is)."""
         self._indexed: int | None = DEFAULT_INDEXED_COLUMNS
         """Columns with statistics in files workers write (the table's setting);
         ``None``: a setting they do not follow, the driver writes."""
@@ -337,13 +340,15 @@ class DeltaSink(Sink):
 
     def distributed_writer(self, batch_id: int) -> WriteTask | None:
         """Workers write the data files of an ``append``, ``changelog`` or
-        ``complete`` batch to a local (or shared-filesystem) table without
-        partitions, the driver commits them (:meth:`commit_written`). ``None``
-        (the driver writes, as in one process) for ``update`` (a MERGE reads the
-        table: one writer), partitioned tables, ``schema_mode="merge"`` (the
-        driver evolves the schema as it aligns the rows) and object stores."""
+        ``complete`` batch to a local (or shared-filesystem) table, the driver
+        commits them (:meth:`commit_written`). ``None`` (the driver writes, as in
+        one process) for ``update`` (a MERGE reads the table: one writer),
+        ``schema_mode="merge"`` (the driver evolves the schema as it aligns the
+        rows), object stores, and a partitioned table that does not exist yet
+        (the driver's first batch creates it) or whose partition columns are not
+        strings, integers, booleans, dates or timestamps."""
         ctx = self.context
-        if (ctx.output_mode == "update" or self.partition_by
+        if (ctx.output_mode == "update" or not self._partitions_ok
                 or self.schema_mode is not None or self._indexed is None):
             return None
         root = local_root(self.uri)
@@ -351,7 +356,7 @@ class DeltaSink(Sink):
             return None
         return DeltaWriteTask(batch_id=batch_id, root=str(root), output_mode=ctx.output_mode,
                               key_columns=self.merge_keys or ctx.key_columns,
-                              indexed_columns=self._indexed)
+                              indexed_columns=self._indexed, partition_by=self.partition_by)
 
     def commit_written(self, batch: BatchContext, written: WrittenBatch) -> None:
         """Commit the files workers wrote for ``batch`` as one table version carrying
@@ -392,7 +397,7 @@ class DeltaSink(Sink):
             try:
                 table.create_write_transaction(
                     add_actions(written.files), mode="overwrite" if overwrite else "append",
-                    schema=table.schema(),
+                    schema=table.schema(), partition_by=list(self.partition_by) or None,
                     commit_properties=CommitProperties(
                         app_transactions=[Transaction(ctx.query_id, batch_id)],
                         custom_metadata={"microbatch.query_id": ctx.query_id,
@@ -540,6 +545,10 @@ class DeltaSink(Sink):
                 "partition_by=None), or write to a new table"
             )
         self.partition_by = existing
+        import pyarrow as pa
+
+        columns = pl.DataFrame(pa.schema(table.schema().to_arrow()).empty_table()).schema
+        self._partitions_ok = partitions_supported(columns, existing)
 
     def _align(self, table: DeltaTable, data: pl.DataFrame, batch_id: int) -> pl.DataFrame:
         """Step 3: refuse a schema mismatch; with ``schema_mode="merge"`` add the

@@ -20,10 +20,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import polars as pl
 from polars.datatypes import DataTypeClass
@@ -33,10 +35,18 @@ from sinks.changes import changelog_rows
 from sinks.exceptions import SinkError
 from statestore.durable import fsync_dir, make_dirs, write_atomic
 
-__all__ = ["DEFAULT_INDEXED_COLUMNS", "DeltaWriteTask", "delta_frame", "delta_stats"]
+__all__ = [
+    "DEFAULT_INDEXED_COLUMNS",
+    "DeltaWriteTask",
+    "delta_frame",
+    "delta_stats",
+    "partition_text",
+    "partitions_supported",
+]
 
 DEFAULT_INDEXED_COLUMNS = 32
 """Delta's ``delta.dataSkippingNumIndexedCols`` default: statistics for the first 32 columns."""
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _STRING_PREFIX = 64
 """A string minimum is cut to its first 64 characters (still a lower bound, as
 delta-rs writes it); a longer maximum is left out (a cut one is no upper bound)."""
@@ -210,35 +220,85 @@ class DeltaWriteTask(WriteTask):
     key_columns: tuple[str, ...]
     indexed_columns: int = DEFAULT_INDEXED_COLUMNS
     compression: str = "snappy"
+    partition_by: tuple[str, ...] = ()
 
     def write(self, df: pl.DataFrame, part: int) -> list[WrittenFile]:
-        """``df`` as one file ``part-<batch>-<part>-<uuid>.<codec>.parquet`` (none
-        without rows), written and fsynced (the directory too) before it returns."""
+        """``df`` as files ``[col=value/...]part-<batch>-<part>-<uuid>.<codec>.parquet``
+        (one per partition of a partitioned table, none without rows), written
+        and fsynced (their directories too) before it returns."""
         if self.output_mode == "changelog":
             df = changelog_rows(df, self.key_columns,
                                 f"Delta table {self.root} batch {self.batch_id}")
         data = delta_frame(df, batch_id=self.batch_id, uri=self.root)
         if data.height == 0:
             return []
-        name = (f"part-{self.batch_id:010d}-{part:05d}-{uuid.uuid4().hex}."
-                f"{self.compression}.parquet")
+        stem = f"part-{self.batch_id:010d}-{part:05d}-{uuid.uuid4().hex}"
+        cols = list(self.partition_by)
+        groups: list[tuple[str, dict[str, str | None], pl.DataFrame]]
+        if not cols:
+            groups = [("", {}, data)]
+        else:
+            groups = []
+            # NOTE: one group per partition value, not per row
+            for key, rows in data.partition_by(cols, as_dict=True, maintain_order=True).items():
+                values = {c: partition_text(v) for c, v in zip(cols, key, strict=True)}
+                directory = "/".join(
+                    f"{c}={_HIVE_NULL if t is None else quote(t, safe='')}"
+                    for c, t in values.items()
+                )
+                groups.append((directory + "/", values, rows.drop(cols)))
         root = Path(self.root)
+        out = []
         try:
-            make_dirs(root)
-            buffer = _encode(data, self.compression)
-            write_atomic(root / name, buffer, sync_dir=False)
-            fsync_dir(root)
+            dirs: set[Path] = {root}
+            for i, (directory, values, rows) in enumerate(groups):
+                rel = f"{directory}{stem}-{i:05d}.{self.compression}.parquet"
+                target = root / rel
+                make_dirs(target.parent)
+                buffer = _encode(rows, self.compression)
+                write_atomic(target, buffer, sync_dir=False)
+                dirs.update(p for p in target.parents if p == root or root in p.parents)
+                out.append(WrittenFile(
+                    # NOTE: as on disk: delta-rs escapes it into the log's URI form itself
+                    path=rel, size=len(buffer), rows=rows.height,
+                    partition_values=values,
+                    stats=delta_stats(rows, indexed_columns=self.indexed_columns),
+                    schema=dict(data.schema),
+                    extra={"modification_time": int(time.time() * 1000)},
+                ))
+            for directory_path in sorted(dirs, key=lambda d: -len(d.parts)):
+                fsync_dir(directory_path)
         except (OSError, pl.exceptions.PolarsError) as exc:
             raise SinkError(
                 f"cannot write a data file of batch {self.batch_id} in Delta table "
                 f"{self.root}: {exc}. Nothing was committed; the batch is re-run."
             ) from exc
-        return [WrittenFile(
-            path=name, size=len(buffer), rows=data.height,
-            stats=delta_stats(data, indexed_columns=self.indexed_columns),
-            schema=dict(data.schema),
-            extra={"modification_time": int(time.time() * 1000)},
-        )]
+        return out
+
+
+PARTITION_TYPES = ("string", "int", "bool", "date", "datetime")
+"""Partition column kinds whose Delta text workers write (others: the driver writes)."""
+
+
+def partition_text(value: Any) -> str | None:
+    """A partition value as Delta's ``partitionValues`` hold it (delta-rs's form:
+    ``true``, ``2026-01-01``, ``2026-01-01 01:02:03.004000`` in UTC)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        utc = value if value.tzinfo is None else value.astimezone(UTC).replace(tzinfo=None)
+        return f"{utc:%Y-%m-%d %H:%M:%S.%f}"
+    if isinstance(value, date):
+        return value.isoformat()
+    return str(value)
+
+
+def partitions_supported(schema: Mapping[str, Any], columns: Sequence[str]) -> bool:
+    """Every partition column is of a kind :func:`partition_text` writes."""
+    return all(_kind(schema[c]) in PARTITION_TYPES for c in columns if c in schema) and all(
+        c in schema for c in columns)
 
 
 def _encode(data: pl.DataFrame, compression: str) -> memoryview:

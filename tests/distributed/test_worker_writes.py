@@ -31,7 +31,6 @@ from microbatch.exceptions import QueryTerminatedError
 from microbatch.observability.progress import load_progress
 from microbatch.sources.generator import GeneratorSource
 from sinks.base import Sink
-from sinks.delta_files import delta_stats
 from sinks.parquet import committed_files
 
 pytestmark = pytest.mark.slow
@@ -149,21 +148,6 @@ def _app_transactions(table: Path, app_id: str) -> list[int]:
     return out
 
 
-def test_delta_stats_written_by_workers_equal_delta_rs_for_the_same_file(
-    tmp_path: Path, local_delta: pl.DataFrame
-) -> None:
-    """A file's statistics as :func:`delta_stats` writes them are the ones delta-rs
-    writes for the same rows (bounds at millisecond precision; here exact)."""
-    from deltalake import write_deltalake
-
-    rows = local_delta.with_columns(pl.col("card_id").cast(pl.String).alias("label"))
-    write_deltalake(str(tmp_path / "ref"), rows.to_arrow())
-    entry = (tmp_path / "ref" / "_delta_log" / f"{0:020d}.json").read_text()
-    adds = [json.loads(line)["add"] for line in entry.splitlines() if '"add"' in line]
-    assert len(adds) == 1
-    assert json.loads(adds[0]["stats"]) == json.loads(delta_stats(rows))
-
-
 def test_workers_write_parquet_files_and_the_driver_writes_the_manifest(
     ray_cluster: str, tmp_path: Path, local_delta: pl.DataFrame
 ) -> None:
@@ -201,16 +185,6 @@ def test_complete_mode_delta_overwrites_with_the_workers_files(
     modes = [h["operationParameters"]["mode"] for h in DeltaTable(str(table)).history()
              if h["operation"] == "WRITE"]
     assert modes == ["Overwrite"] * counting.file_commits
-
-
-def test_update_mode_delta_stays_on_the_driver(ray_cluster: str, tmp_path: Path) -> None:
-    """A MERGE reads the table: the workers return rows, the driver writes them."""
-    writer = windowed(payments()).write_delta(tmp_path / "t", output_mode="update")
-    counting = Counting(writer.sink)
-    run(writer, tmp_path / "chk", mb.RayExecutor(workers=2, address=ray_cluster))
-    assert counting.file_commits == 0
-    assert counting.rows_calls >= 6
-    assert comparable(pl.read_delta(str(tmp_path / "t"))).equals(comparable(oracle()))
 
 
 # --------------------------------------------------------------- kills (fresh processes)
