@@ -148,22 +148,6 @@ def _app_transactions(table: Path, app_id: str) -> list[int]:
     return out
 
 
-def test_workers_write_parquet_files_and_the_driver_writes_the_manifest(
-    ray_cluster: str, tmp_path: Path, local_delta: pl.DataFrame
-) -> None:
-    out = tmp_path / "out"
-    writer = windowed(payments()).write_parquet(out)
-    counting = Counting(writer.sink)
-    run(writer, tmp_path / "chk", mb.RayExecutor(workers=2, address=ray_cluster))
-    got = mb.parquet_table(out)
-    assert comparable(got).equals(comparable(oracle()))
-    assert counting.rows_calls == 0
-    assert counting.file_commits >= 6
-    listed = {f.name for f in committed_files(out)}
-    assert listed == {p.name for p in out.glob("*.parquet")}
-    assert all(len(name.split("-")) == 5 for name in listed), listed  # shard and uuid
-
-
 def test_complete_mode_delta_overwrites_with_the_workers_files(
     ray_cluster: str, tmp_path: Path
 ) -> None:
@@ -227,21 +211,31 @@ def test_kills_between_the_workers_files_and_the_commit_keep_each_window_once(
     assert referenced < on_disk, "the killed attempts left no unreferenced file"
 
 
-def test_a_driver_crash_between_the_workers_files_and_the_manifest_keeps_each_window_once(
+def test_workers_write_parquet_files_and_a_crash_before_the_manifest_keeps_each_window_once(
     ray_cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Parquet: the driver fails after the workers wrote batch 3's files, before its
-    manifest entry (the commit point; an in-process crash: the query object is
-    dropped); a new query on the checkpoint re-runs batch 3 once."""
+    """Parquet: the workers write the part files, the driver the manifest entries. The
+    driver fails after the workers wrote batch 3's files, before its manifest entry
+    (the commit point; an in-process crash: the query object is dropped); a new
+    query on the checkpoint re-runs batch 3 once, and no row reaches its driver."""
     out, chk = tmp_path / "out", tmp_path / "chk"
     executor = mb.RayExecutor(workers=2, address=ray_cluster)
     monkeypatch.setenv("MICROBATCH_FAULT", "sink.after_data@3")
     monkeypatch.setenv("MICROBATCH_FAULT_ACTION", "raise")
     with pytest.raises(QueryTerminatedError, match=r"injected fault at sink\.after_data"):
         run(windowed(payments()).write_parquet(out), chk, executor)
-    assert {f.name for f in committed_files(out)} < {p.name for p in out.glob("*.parquet")}
+    orphans = {p.name for p in out.glob("*.parquet")} - {f.name for f in committed_files(out)}
+    assert orphans, "the workers wrote no file for batch 3"
     monkeypatch.delenv("MICROBATCH_FAULT")
-    run(windowed(payments()).write_parquet(out), chk, executor)
+    writer = windowed(payments()).write_parquet(out)
+    counting = Counting(writer.sink)
+    run(writer, chk, executor)
+    assert counting.rows_calls == 0
+    assert counting.file_commits >= 4
     got = mb.parquet_table(out)
     assert got.select(KEY).is_duplicated().sum() == 0, "a window was written twice"
     assert comparable(got).equals(comparable(oracle()))
+    listed = {f.name for f in committed_files(out)}
+    assert orphans.isdisjoint(listed)
+    assert listed | orphans == {p.name for p in out.glob("*.parquet")}
+    assert all(len(name.split("-")) == 5 for name in listed), listed  # shard and uuid
