@@ -171,6 +171,22 @@ def test_complete_mode_delta_overwrites_with_the_workers_files(
     assert modes == ["Overwrite"] * counting.file_commits
 
 
+def test_a_stateless_query_writes_its_delta_files_in_map(ray_cluster: str, tmp_path: Path) -> None:
+    """Without state there is no reduce: each worker writes its slice's rows in map."""
+    table = tmp_path / "t"
+    rows = payments().filter(pl.col("amount") > 10).select("event_id", "card_id", "amount")
+    writer = rows.write_delta(table)
+    counting = Counting(writer.sink)
+    run(writer, tmp_path / "chk", mb.RayExecutor(workers=2, address=ray_cluster))
+    assert counting.rows_calls == 0
+    source = payments().plan.sources()[0]
+    assert isinstance(source, GeneratorSource)
+    want = source.rows(0, job.ROWS, origin_ms=0).filter(pl.col("amount") > 10)
+    got = pl.read_delta(str(table)).sort("event_id")
+    assert got.equals(want.select(got.columns).sort("event_id"))
+    assert len(_app_transactions(table, writer.sink.context.query_id)) == counting.file_commits
+
+
 # --------------------------------------------------------------- kills (fresh processes)
 
 
