@@ -24,7 +24,7 @@ a batch already stored (:meth:`Sink.is_written`, as ``add_batch`` does) and
 otherwise makes the files the batch in one commit (:meth:`Sink.commit_written`).
 Files of an attempt that is never committed (a lost worker, a crash before the
 commit, a replay of a stored batch) are left unreferenced: invisible to
-readers, removed by the sink's maintenance (Delta: ``VACUUM``).
+readers, removed by the sink's maintenance (Delta: a full ``VACUUM``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ File names are new for every attempt (a UUID): a worker that is lost and
 re-runs its shard, or a replay of a batch already committed, writes new files
 and never touches a committed one. Files never committed stay in the table's
 directory unreferenced, as a crashed ``write_deltalake`` leaves them: readers
-never see them, and ``VACUUM`` removes them once older than its retention.
+never see them, and a full ``VACUUM`` removes them once older than its retention
+(delta-rs: ``vacuum(..., full=True)``; its default "lite" mode only deletes files
+the log removed).
 """
 
 from __future__ import annotations

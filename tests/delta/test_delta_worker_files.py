@@ -137,6 +137,13 @@ def test_a_replayed_commit_is_a_no_op_and_its_files_stay_unreferenced(tmp_path: 
     referenced = {Path(u).name for u in dt.file_uris()}
     assert {f.path for f in again.files}.isdisjoint(referenced)
     assert all((table / f.path).exists() for f in again.files)
+    # a full VACUUM finds them (delta-rs's default "lite" VACUUM only removes files the
+    # log removed: it never sees files no commit ever added)
+    lite = dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
+    assert lite == []
+    found = dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False,
+                      full=True)
+    assert {Path(f).name for f in found} == {f.path for f in again.files}
 
 
 def test_a_schema_change_is_refused_before_the_commit(tmp_path: Path) -> None:
