@@ -118,7 +118,8 @@ def test_workers_write_delta_files_and_the_driver_commits_each_batch_once(
     want = oracle()
     assert want.height > 300
     assert comparable(got).equals(comparable(want)), "the table is not the oracle's"
-    assert comparable(got).equals(comparable(local_delta)), "the table is not the local one's"
+    assert got.schema == local_delta.schema, "the workers' files have other column types"
+    assert got.sort(KEY).equals(local_delta.sort(KEY)), "the table is not the local one's"
     # no row reached the driver: every batch's files were committed by commit_files
     assert counting.rows_calls == 0
     records = sorted(load_progress(tmp_path / "chk" / "progress", limit=100),
@@ -131,8 +132,7 @@ def test_workers_write_delta_files_and_the_driver_commits_each_batch_once(
     history = [h for h in dt.history() if h.get("operation") != "CREATE TABLE"]
     with_rows = [r["batch_id"] for r in records if r["output_rows"]]
     assert len(history) == len(with_rows)
-    assert dt.transaction_version(query.id) == records[-1]["batch_id"] or (
-        dt.transaction_version(query.id) == with_rows[-1])
+    assert dt.transaction_version(query.id) == with_rows[-1]
     versions = _app_transactions(table, query.id)
     assert versions == with_rows, "one Delta version per batch, in batch order"
 
@@ -199,6 +199,7 @@ def _cli(job_args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.crash
 def test_kills_between_the_workers_files_and_the_commit_keep_each_window_once(
     ray_cluster: str, tmp_path: Path
 ) -> None:
