@@ -251,6 +251,8 @@ class DeltaSink(Sink):
             self._check_change_feed(self._table)
             self._register(self._table)
             self._indexed = indexed_columns_of(dict(self._table.metadata().configuration))
+            if _writes_need_delta_rs(self._table):
+                self._indexed = None
 
     def _writer(self) -> WriterEntry:
         ctx = self.context
@@ -344,9 +346,11 @@ class DeltaSink(Sink):
         commits them (:meth:`commit_written`). ``None`` (the driver writes, as in
         one process) for ``update`` (a MERGE reads the table: one writer),
         ``schema_mode="merge"`` (the driver evolves the schema as it aligns the
-        rows), object stores, and a partitioned table that does not exist yet
-        (the driver's first batch creates it) or whose partition columns are not
-        strings, integers, booleans, dates or timestamps."""
+        rows), object stores, a partitioned table that does not exist yet (the
+        driver's first batch creates it) or whose partition columns are not
+        strings, integers, booleans, dates or timestamps, and a table with
+        column mapping, CHECK constraints, invariants, generated or identity
+        columns (delta-rs applies them as it writes)."""
         ctx = self.context
         if (ctx.output_mode == "update" or not self._partitions_ok
                 or self.schema_mode is not None or self._indexed is None):
@@ -841,6 +845,19 @@ def _short(exc: BaseException, limit: int = 400) -> str:
 
 def _ms_since(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
+
+
+def _writes_need_delta_rs(table: DeltaTable) -> bool:
+    """The table has features delta-rs applies as it writes rows (column mapping's
+    physical names, CHECK constraints, invariants, generated or identity
+    columns): files written apart from it could break them, so the driver writes."""
+    config = table.metadata().configuration
+    if config.get("delta.columnMapping.mode", "none") not in (None, "none"):
+        return True
+    if any(key.startswith("delta.constraints.") for key in config):
+        return True
+    markers = ("delta.invariants", "delta.generationExpression", "delta.identity")
+    return any(key.startswith(markers) for f in table.schema().fields for key in f.metadata)
 
 
 def _has_batch(table: DeltaTable | None, batch: BatchContext) -> bool:

@@ -169,3 +169,10 @@ def test_the_driver_writes_what_workers_cannot(
     tmp_path: Path, mode: str, options: dict[str, object]
 ) -> None:
     assert opened(tmp_path / "t", mode, **options).distributed_writer(0) is None
+
+
+def test_a_table_with_a_check_constraint_is_written_by_the_driver(tmp_path: Path) -> None:
+    write_deltalake(str(tmp_path / "t"), frame().select("v").to_arrow())
+    DeltaTable(str(tmp_path / "t")).alter.add_constraint({"v_positive": "v >= 0"})
+    assert opened(tmp_path / "t").distributed_writer(0) is None
+    assert opened(tmp_path / "t2").distributed_writer(0) is not None
