@@ -323,6 +323,8 @@ def indexed_columns_of(configuration: dict[str, str | None]) -> int | None:
         value = int(text)
     except ValueError:
         return None
+    if value == -1:  # Delta's "every column"
+        return 2**31 - 1
     return value if value >= 0 else None
 
 

@@ -55,6 +55,12 @@ def _adds(table: Path, version: int) -> list[dict[str, object]]:
     return [json.loads(line)["add"] for line in entry.splitlines() if '"add"' in line]
 
 
+def _app_version(table: Path, version: int) -> int | None:
+    entry = (table / "_delta_log" / f"{version:020d}.json").read_text()
+    txns = [json.loads(line)["txn"] for line in entry.splitlines() if '"txn"' in line]
+    return txns[0]["version"] if txns else None
+
+
 def test_partitioned_files_read_back_as_delta_rs_writes_them(tmp_path: Path) -> None:
     """Odd partition values (space, slash, percent, null, non-ASCII, empty string, a
     date, a timestamp): the same directories and partition values as delta-rs's own
@@ -71,8 +77,10 @@ def test_partitioned_files_read_back_as_delta_rs_writes_them(tmp_path: Path) -> 
     got = pl.read_delta(str(table)).sort("v")
     want = pl.concat([frame(), frame(offset=10)]).sort("v")
     assert got.equals(want)
+    last = DeltaTable(str(table)).version()
+    assert _app_version(table, last) == 1, "the workers' batch is the last version"
     ours = {(json.dumps(a["partitionValues"], sort_keys=True), str(a["path"]).rsplit("/", 1)[0])
-            for a in _adds(table, 1)}
+            for a in _adds(table, last)}
     theirs = {(json.dumps(a["partitionValues"], sort_keys=True),
                str(a["path"]).rsplit("/", 1)[0]) for a in _adds(ref, 0)}
     assert ours == theirs
@@ -176,3 +184,20 @@ def test_a_table_with_a_check_constraint_is_written_by_the_driver(tmp_path: Path
     DeltaTable(str(tmp_path / "t")).alter.add_constraint({"v_positive": "v >= 0"})
     assert opened(tmp_path / "t").distributed_writer(0) is None
     assert opened(tmp_path / "t2").distributed_writer(0) is not None
+
+
+def test_stats_cover_the_columns_the_table_asks_for(tmp_path: Path) -> None:
+    """``delta.dataSkippingNumIndexedCols``: the workers' files carry statistics for
+    that many leading columns, as delta-rs's own files do."""
+    df = frame().select("v", "amount", "label")
+    write_deltalake(str(tmp_path / "t"), df.to_arrow(),
+                    configuration={"delta.dataSkippingNumIndexedCols": "1"})
+    sink = opened(tmp_path / "t")
+    task = sink.distributed_writer(1)
+    assert isinstance(task, DeltaWriteTask)
+    assert task.indexed_columns == 1
+    sink.commit_files(1, written(task, df))
+    last = DeltaTable(str(tmp_path / "t")).version()  # after the writer registry's commit
+    ours, theirs = _adds(tmp_path / "t", last)[0], _adds(tmp_path / "t", 0)[0]
+    assert json.loads(str(ours["stats"])) == json.loads(str(theirs["stats"]))
+    assert set(json.loads(str(ours["stats"]))["nullCount"]) == {"v"}
