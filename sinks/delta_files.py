@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -199,8 +199,6 @@ def _timestamp(value: Any, dtype: pl.Datetime, *, ceil: bool) -> str:
     """A timestamp bound at millisecond precision, as Delta's stats write it."""
     micros = value.microsecond % 1000
     if micros and ceil:
-        from datetime import timedelta
-
         value = value + timedelta(microseconds=1000 - micros)
     elif micros:
         value = value.replace(microsecond=value.microsecond - micros)
