@@ -187,6 +187,25 @@ def test_a_stateless_query_writes_its_delta_files_in_map(ray_cluster: str, tmp_p
     assert len(_app_transactions(table, writer.sink.context.query_id)) == counting.file_commits
 
 
+def test_changelog_mode_writes_the_local_runs_change_rows(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    """``changelog``: the workers write the change rows the local run writes (the
+    sink's changelog form made on the workers, as the driver makes it in one process)."""
+    tables = {}
+    for name, executor in (("local", None),
+                           ("ray", mb.RayExecutor(workers=2, address=ray_cluster))):
+        writer = windowed(payments()).write_delta(tmp_path / name, output_mode="changelog")
+        counting = Counting(writer.sink)
+        run(writer, tmp_path / f"chk-{name}", executor)
+        assert (counting.rows_calls == 0) == (executor is not None)
+        table = pl.read_delta(str(tmp_path / name))
+        tables[name] = table.sort(table.columns)
+    assert tables["ray"].height > 300
+    assert "_change_type" in tables["ray"].columns
+    assert tables["ray"].equals(tables["local"])
+
+
 # --------------------------------------------------------------- kills (fresh processes)
 
 
