@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-latency bench-sinks bench-kafka bench-kafka-latency bench-stateful bench-scale-out bench-peers bench-nexmark soak crash-explore clean
+.PHONY: demo test lint bench bench-latency bench-sinks bench-kafka bench-kafka-latency bench-stateful bench-scale-out bench-worker-writes bench-peers bench-nexmark soak crash-explore clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,10 @@ bench-stateful: $(STAMP)
 # (benchmarks/bench_scale_out.py; starts a local Ray cluster).
 bench-scale-out: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_scale_out $(ARGS)
+
+# The driver's time per batch when Ray workers write the Delta sink's files
+bench-worker-writes: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_worker_writes $(ARGS)
 
 # This engine vs Spark Structured Streaming, Bytewax and Quix Streams on the same data
 # (benchmarks/compare.py). The peers live in their own venv: quixstreams pins an older

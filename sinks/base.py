@@ -13,6 +13,18 @@ of what it stored: a manifest entry, a Delta app transaction, a Kafka marker)
 and calls :meth:`Sink.write` only for a batch not stored yet. A sink implements
 ``write`` and, when it can tell, ``is_written``; ``on_open``/``close`` if it
 holds resources.
+
+Distributed writes (a query on Ray workers). A sink whose data are files may
+let the workers write them: :meth:`Sink.distributed_writer` gives a picklable
+:class:`WriteTask` for a batch (``None``: the driver writes, as above); each
+worker calls ``task.write(rows, part)`` for its share of the batch's output
+and returns the :class:`WrittenFile` descriptions; the driver gathers them
+into a :class:`WrittenBatch` and calls :meth:`Sink.commit_files`, which skips
+a batch already stored (:meth:`Sink.is_written`, as ``add_batch`` does) and
+otherwise makes the files the batch in one commit (:meth:`Sink.commit_written`).
+Files of an attempt that is never committed (a lost worker, a crash before the
+commit, a replay of a stored batch) are left unreferenced: invisible to
+readers, removed by the sink's maintenance (Delta: a full ``VACUUM``).
 """
 
 from __future__ import annotations
@@ -28,7 +40,15 @@ import polars as pl
 
 from sinks.exceptions import SinkConfigError, SinkError
 
-__all__ = ["BatchContext", "OutputMode", "Sink", "SinkContext"]
+__all__ = [
+    "BatchContext",
+    "OutputMode",
+    "Sink",
+    "SinkContext",
+    "WriteTask",
+    "WrittenBatch",
+    "WrittenFile",
+]
 
 log = logging.getLogger("sinks")
 
@@ -86,6 +106,74 @@ class BatchContext:
     def at(self, name: str) -> None:
         """Signal fault point ``name`` of this batch (see :attr:`SinkContext.fault_point`)."""
         self.run.at(name, self.batch_id)
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """One data file a worker wrote for a batch, not committed yet (plain values:
+    it travels from the worker to the driver)."""
+
+    path: str
+    """Relative to the sink's root (a table or output directory)."""
+    size: int
+    """Bytes on storage."""
+    rows: int
+    partition_values: Mapping[str, str | None] = field(default_factory=dict)
+    """Partition column -> its value as the sink's format writes it in paths."""
+    stats: str | None = None
+    """The file's column statistics as the sink's format records them (Delta's
+    ``stats`` JSON: ``numRecords``, ``minValues``, ``maxValues``, ``nullCount``)."""
+    schema: Mapping[str, pl.DataType] = field(default_factory=dict)
+    """The columns of the rows in the file, partition columns included, as written."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """What else the sink's commit needs of the file (e.g. typed partition values)."""
+
+
+@dataclass(frozen=True)
+class WrittenBatch:
+    """Everything the workers wrote for one batch: what :meth:`Sink.commit_files` commits."""
+
+    files: tuple[WrittenFile, ...]
+    """In shard order (each shard's files in the order it wrote them)."""
+    rows: int
+    schema: Mapping[str, pl.DataType] | None
+    """The columns of the rows written (``None``: no file was written)."""
+
+    @classmethod
+    def gather(cls, files: list[WrittenFile], *, where: str) -> WrittenBatch:
+        """The batch made of ``files``; :class:`SinkError` when they disagree on
+        the columns (shards of one query write one schema)."""
+        schemas = {tuple(f.schema.items()) for f in files}
+        if len(schemas) > 1:
+            first, *others = sorted(schemas, key=str)
+            raise SinkError(
+                f"{where}: the workers wrote files with different columns ({dict(first)} "
+                f"and {dict(others[0])}); nothing was committed. Cast the query's output "
+                "to fixed types (select/cast before the sink)."
+            )
+        schema = dict(files[0].schema) if files else None
+        return cls(files=tuple(files), rows=sum(f.rows for f in files), schema=schema)
+
+    @property
+    def height(self) -> int:
+        """Rows written, like a frame's ``height``."""
+        return self.rows
+
+
+class WriteTask(ABC):
+    """Writes a share of one batch's output rows as data files, on a worker.
+
+    Picklable (sent to every worker); does not commit anything: the driver's
+    :meth:`Sink.commit_files` does, once per batch. Calling :meth:`write` twice
+    for one share (a re-run after a lost worker) writes new files under new
+    names: files are never overwritten."""
+
+    batch_id: int
+
+    @abstractmethod
+    def write(self, df: pl.DataFrame, part: int) -> list[WrittenFile]:
+        """Write ``df`` (share ``part`` of the batch, e.g. a shard) durably as
+        uncommitted files; their descriptions. No rows: no files."""
 
 
 class Sink(ABC):
@@ -154,6 +242,37 @@ class Sink(ABC):
     @abstractmethod
     def write(self, batch: BatchContext, df: pl.DataFrame) -> None:
         """Store ``df`` as ``batch``: durably, or raise (the batch is then re-run)."""
+
+    def distributed_writer(self, batch_id: int) -> WriteTask | None:
+        """A task that lets workers write ``batch_id``'s data files, or ``None``
+        (the default): the rows come to the driver and go through :meth:`add_batch`.
+
+        Must not do I/O: the engine may ask while another batch is being committed."""
+        return None
+
+    def commit_files(self, batch_id: int, written: WrittenBatch) -> None:
+        """Commit the files the workers wrote for ``batch_id`` as that batch, once:
+        a no-op (files left unreferenced) if the batch is already stored."""
+        if self._ctx is None:
+            raise SinkError(
+                f"{self.label}.commit_files({batch_id}) before open(ctx); "
+                "the engine opens sinks before the first batch"
+            )
+        batch = BatchContext(self._ctx, batch_id)
+        if self.is_written(batch):
+            self.skipped_batches += 1
+            log.info("%s: batch %d is already stored; skipped (its %d new files are left "
+                     "unreferenced)", self.label, batch_id, len(written.files))
+            return
+        self.commit_written(batch, written)
+
+    def commit_written(self, batch: BatchContext, written: WrittenBatch) -> None:
+        """Make ``written`` the stored output of ``batch`` in one commit (a sink
+        whose :meth:`distributed_writer` gives tasks implements it)."""
+        raise SinkError(
+            f"{self.label} gave no distributed writer, so it cannot commit files written "
+            f"by workers (batch {batch.batch_id}); this is a bug in the sink"
+        )
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Flush and release resources."""

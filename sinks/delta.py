@@ -73,12 +73,19 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
-from polars.datatypes import DataTypeClass
 
-from sinks.base import BatchContext, OutputMode, Sink, SinkContext
+from sinks.base import BatchContext, OutputMode, Sink, SinkContext, WriteTask, WrittenBatch
 from sinks.changelog import CHANGE_TYPE, is_changelog
 from sinks.changes import changelog_rows, table_changes
 from sinks.delta_durability import local_root, persist_versions
+from sinks.delta_files import (
+    DEFAULT_INDEXED_COLUMNS,
+    DeltaWriteTask,
+    add_actions,
+    delta_frame,
+    indexed_columns_of,
+    partitions_supported,
+)
 from sinks.delta_writers import WriterEntry, check_writers, now_text, register_writer
 from sinks.exceptions import SinkConfigError, SinkError
 
@@ -99,14 +106,6 @@ _CDF_COLUMNS = (CHANGE_TYPE, "_commit_version", "_commit_timestamp")
 """Columns a change feed reader adds: a table with the feed must not have them."""
 _DELETED = "__microbatch_deleted__"
 """The MERGE source's column marking a key to delete (never written to the table)."""
-_UNSIGNED: dict[type[pl.DataType], pl.DataType] = {
-    pl.UInt8: pl.Int16(),
-    pl.UInt16: pl.Int32(),
-    pl.UInt32: pl.Int64(),
-    pl.UInt64: pl.Int64(),
-}
-"""Delta has no unsigned integers: each is widened to the signed type that holds it."""
-_INT64_MAX = 2**63 - 1
 
 
 class DeltaSink(Sink):
@@ -216,6 +215,11 @@ class DeltaSink(Sink):
         """The handle was refreshed by ``is_written`` for the batch being written."""
         self._steps: dict[str, float] = {}
         """Milliseconds of the steps of the batch being written (see :meth:`metrics`)."""
+        self._partitions_ok = not self.partition_by
+        """Workers can write the table's partition values (known once the table is)."""
+        self._indexed: int | None = DEFAULT_INDEXED_COLUMNS
+        """Columns with statistics in files workers write (the table's setting);
+        ``None``: a setting they do not follow, the driver writes."""
 
     # ------------------------------------------------------------------ protocol
 
@@ -246,6 +250,9 @@ class DeltaSink(Sink):
             self._check_partitioning(self._table)
             self._check_change_feed(self._table)
             self._register(self._table)
+            self._indexed = indexed_columns_of(dict(self._table.metadata().configuration))
+            if _writes_need_delta_rs(self._table):
+                self._indexed = None
 
     def _writer(self) -> WriterEntry:
         ctx = self.context
@@ -331,6 +338,98 @@ class DeltaSink(Sink):
             f"Delta table {self.uri}: batch {batch_id} hit a commit conflict on each of "
             f"{self.max_attempts} attempts (last: {last_error}). Another writer is committing "
             "to the table continuously; the batch was not written and is retried on restart."
+        )
+
+    def distributed_writer(self, batch_id: int) -> WriteTask | None:
+        """Workers write the data files of an ``append``, ``changelog`` or
+        ``complete`` batch to a local (or shared-filesystem) table, the driver
+        commits them (:meth:`commit_written`). ``None`` (the driver writes, as in
+        one process) for ``update`` (a MERGE reads the table: one writer),
+        ``schema_mode="merge"`` (the driver evolves the schema as it aligns the
+        rows), object stores, a partitioned table that does not exist yet (the
+        driver's first batch creates it) or whose partition columns are not
+        strings, integers, booleans, dates or timestamps, and a table with
+        column mapping, CHECK constraints, invariants, generated or identity
+        columns (delta-rs applies them as it writes)."""
+        ctx = self.context
+        if (ctx.output_mode == "update" or not self._partitions_ok
+                or self.schema_mode is not None or self._indexed is None):
+            return None
+        root = local_root(self.uri)
+        if root is None:
+            return None
+        return DeltaWriteTask(batch_id=batch_id, root=str(root), output_mode=ctx.output_mode,
+                              key_columns=self.merge_keys or ctx.key_columns,
+                              indexed_columns=self._indexed, partition_by=self.partition_by)
+
+    def commit_written(self, batch: BatchContext, written: WrittenBatch) -> None:
+        """Commit the files workers wrote for ``batch`` as one table version carrying
+        the app transaction, as :meth:`write` commits rows: the handle that reads
+        the transaction version commits; a conflict reloads and decides again; a
+        schema that differs from the table's is refused before the commit (the
+        files stay unreferenced). ``complete``: the version overwrites the
+        table (an empty result empties it). A batch without rows commits nothing
+        in the other modes, and in ``complete`` mode before the table exists."""
+        from deltalake import CommitProperties, Transaction
+
+        batch_id, ctx = batch.batch_id, self.context
+        started = time.perf_counter()
+        schema = pl.DataFrame(schema=dict(written.schema or {}))
+        last_error: Exception | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            table = self._table if self._fresh else self._refresh()
+            self._fresh = False
+            if attempt > 1 and _has_batch(table, batch):  # a racing writer of ours won
+                self._record(batch_id, skipped=True, attempts=attempt, started=started)
+                return
+            overwrite = ctx.output_mode == "complete"
+            if not written.files and (not overwrite or table is None):
+                self._record(batch_id, skipped=False, attempts=attempt, started=started)
+                return
+            if table is None:
+                table = self._create(schema, batch_id)
+            else:  # NOTE: before every commit: a promote may have retired this query
+                check_writers(table, uri=self.uri, me=self._writer(), opening=False)
+            problems = [] if written.schema is None else schema_differences(
+                table.schema(), _delta_schema(schema, batch_id, self.uri))
+            if problems:
+                raise SinkError(_mismatch_message(self.uri, batch_id, problems, None)
+                                .replace("Nothing was written.", "Nothing was committed."))
+            batch.at("sink.before_commit")
+            read_version = table.version()
+            step = time.perf_counter()
+            try:
+                table.create_write_transaction(
+                    add_actions(written.files), mode="overwrite" if overwrite else "append",
+                    schema=table.schema(), partition_by=list(self.partition_by) or None,
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(ctx.query_id, batch_id)],
+                        custom_metadata={"microbatch.query_id": ctx.query_id,
+                                         "microbatch.role": ctx.role,
+                                         "microbatch.written_by": "workers"},
+                    ),
+                )
+            except Exception as exc:
+                if not _is_conflict(exc):
+                    raise self._write_error(batch_id, exc) from exc
+                last_error = exc
+                log.info("Delta table %s: batch %d commit conflict (attempt %d): %s; "
+                         "reloading", self.uri, batch_id, attempt, exc)
+                self._table = None
+                continue
+            self._steps["write_ms"] = _ms_since(step)
+            step = time.perf_counter()
+            self._persist(read_version + 1)
+            self._steps["fsync_ms"] = _ms_since(step)
+            self._record(batch_id, skipped=False, attempts=attempt, started=started)
+            self.last_commit["files"] = len(written.files)
+            batch.at("sink.after_commit")
+            self._maybe_optimize(batch_id)
+            return
+        raise SinkError(
+            f"Delta table {self.uri}: batch {batch_id} hit a commit conflict on each of "
+            f"{self.max_attempts} attempts (last: {last_error}). Another writer is committing "
+            "to the table continuously; the batch was not committed and is retried on restart."
         )
 
     def close(self) -> None:
@@ -450,6 +549,10 @@ class DeltaSink(Sink):
                 "partition_by=None), or write to a new table"
             )
         self.partition_by = existing
+        import pyarrow as pa
+
+        columns = pl.DataFrame(pa.schema(table.schema().to_arrow()).empty_table()).schema
+        self._partitions_ok = partitions_supported(columns, existing)
 
     def _align(self, table: DeltaTable, data: pl.DataFrame, batch_id: int) -> pl.DataFrame:
         """Step 3: refuse a schema mismatch; with ``schema_mode="merge"`` add the
@@ -619,65 +722,6 @@ def table_uri(path: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
-def delta_frame(df: pl.DataFrame, *, batch_id: int, uri: str) -> pl.DataFrame:
-    """``df`` with types Delta can store.
-
-    Unsigned integers widen to the next signed type (``UInt64`` to ``Int64``,
-    refusing values above 2**63-1), categoricals become strings, datetimes
-    become microseconds (Delta's precision). Types Delta has no counterpart
-    for (durations, times, objects, untyped nulls) raise :class:`SinkError`
-    naming the column.
-    """
-    casts: dict[str, pl.DataType] = {}
-    for name, dtype in df.schema.items():
-        target = _delta_dtype(dtype, name, batch_id, uri)
-        if target != dtype:
-            casts[name] = target
-    if not casts:
-        return df
-    exprs = []
-    for name, target in casts.items():
-        dtype = df.schema[name]
-        if dtype == pl.UInt64 and df.select((pl.col(name) > _INT64_MAX).any()).item():
-            raise SinkError(
-                f"Delta table {uri}: batch {batch_id} column {name!r} (UInt64) holds values "
-                "above 2**63-1, which Delta's long cannot hold; cast it to a decimal or string"
-            )
-        if isinstance(dtype, pl.Datetime) and dtype.time_zone not in (None, "UTC"):
-            # a cast would relabel the wall clock; converting keeps the instant
-            exprs.append(pl.col(name).dt.convert_time_zone("UTC").cast(target))
-        else:
-            exprs.append(pl.col(name).cast(target))
-    return df.with_columns(exprs)
-
-
-def _delta_dtype(
-    dtype: pl.DataType | DataTypeClass, name: str, batch_id: int, uri: str
-) -> pl.DataType:
-    if isinstance(dtype, DataTypeClass):  # nested types may hold classes, not instances
-        return _delta_dtype(dtype(), name, batch_id, uri)
-    base = dtype.base_type()
-    if base in _UNSIGNED:
-        return _UNSIGNED[base]
-    if base in (pl.Categorical, pl.Enum):
-        return pl.String()
-    if isinstance(dtype, pl.Datetime):
-        return pl.Datetime("us", dtype.time_zone and "UTC")
-    if isinstance(dtype, pl.List | pl.Array):
-        return pl.List(_delta_dtype(dtype.inner, name, batch_id, uri))
-    if isinstance(dtype, pl.Struct):
-        return pl.Struct(
-            [pl.Field(f.name, _delta_dtype(f.dtype, name, batch_id, uri)) for f in dtype.fields]
-        )
-    if base in (pl.Duration, pl.Time, pl.Object, pl.Null):
-        raise SinkError(
-            f"Delta table {uri}: batch {batch_id} column {name!r} has type {dtype}, which "
-            "Delta cannot store; cast it (e.g. a duration to Int64 microseconds, a time to "
-            "a string) before write_delta"
-        )
-    return dtype
-
-
 def _arrow(data: pl.DataFrame) -> pa.Table:
     return data.to_arrow()
 
@@ -801,6 +845,19 @@ def _short(exc: BaseException, limit: int = 400) -> str:
 
 def _ms_since(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
+
+
+def _writes_need_delta_rs(table: DeltaTable) -> bool:
+    """The table has features delta-rs applies as it writes rows (column mapping's
+    physical names, CHECK constraints, invariants, generated or identity
+    columns): files written apart from it could break them, so the driver writes."""
+    config = table.metadata().configuration
+    if config.get("delta.columnMapping.mode", "none") not in (None, "none"):
+        return True
+    if any(key.startswith("delta.constraints.") for key in config):
+        return True
+    markers = ("delta.invariants", "delta.generationExpression", "delta.identity")
+    return any(key.startswith(markers) for f in table.schema().fields for key in f.metadata)
 
 
 def _has_batch(table: DeltaTable | None, batch: BatchContext) -> bool:

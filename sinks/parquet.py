@@ -22,6 +22,13 @@ The manifest entry is the commit point. Readers (:func:`read_parquet_output`,
 that is half written. A crash before step 4 leaves unlisted files that are
 invisible, and the replay of ``N`` overwrites them under the same names.
 
+On Ray workers (:meth:`ParquetSink.distributed_writer`), each worker writes
+its shards' files itself in step 2, named
+``part-{N:010d}-{shard:05d}-{uuid}-{i:05d}.parquet`` (new names for every
+attempt: a re-run never touches a committed file), and the driver writes the
+manifest entry (steps 1, 3 and 4) from their descriptions. Files of an attempt
+that is never committed stay unlisted.
+
 One output directory belongs to one query: :meth:`ParquetSink.open` refuses a
 directory whose manifest was written by another query id, since that query's
 batch ids would silently turn this query's batches into no-ops.
@@ -35,14 +42,24 @@ import io
 import json
 import os
 import re
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import quote
 
 import polars as pl
 
-from sinks.base import BatchContext, OutputMode, Sink, SinkContext
+from sinks.base import (
+    BatchContext,
+    OutputMode,
+    Sink,
+    SinkContext,
+    WriteTask,
+    WrittenBatch,
+    WrittenFile,
+)
 from sinks.changes import changelog_rows
 from sinks.exceptions import SinkConfigError, SinkError
 from statestore.durable import fsync_dir, make_dirs, write_atomic
@@ -155,7 +172,6 @@ class ParquetSink(Sink):
         batch_id = batch.batch_id
         if batch.output_mode == "changelog":
             df = changelog_rows(df, batch.key_columns, f"{self.label} batch {batch_id}")
-        entry = _entry_path(self._root, batch_id)
         if df.height and self._schema is not None and dict(df.schema) != self._schema:
             raise SinkError(
                 f"batch {batch_id} does not fit the Parquet output {self._root}: "
@@ -171,14 +187,52 @@ class ParquetSink(Sink):
                 f"cannot write the data files of batch {batch_id} under {self._root}: {exc}"
             ) from exc
         batch.at("sink.after_data")
+        self._commit_manifest(batch, files, partitions, df.clear(), df.height)
+
+    def distributed_writer(self, batch_id: int) -> WriteTask | None:
+        """Workers write the batch's data files, the driver the manifest entry
+        (:meth:`commit_written`); every mode this sink supports."""
+        ctx = self.context
+        return ParquetWriteTask(
+            batch_id=batch_id, root=str(self._root), compression=self.compression,
+            partition_by=self.partition_by, output_mode=ctx.output_mode,
+            key_columns=ctx.key_columns, schema=self._schema,
+        )
+
+    def commit_written(self, batch: BatchContext, written: WrittenBatch) -> None:
+        """Step 4 for files workers wrote: the manifest entry listing them (the
+        schema checked again: the workers checked the one known when the batch
+        started)."""
+        schema = dict(written.schema or {})
+        if written.rows and self._schema is not None and schema != self._schema:
+            raise SinkError(
+                f"batch {batch.batch_id} does not fit the Parquet output {self._root}: "
+                f"{_schema_change(self._schema, schema)}. Nothing was committed (the "
+                "workers' files are left unlisted). Pin the stream's columns and types."
+            )
+        files = [{"path": f.path, "rows": f.rows, "bytes": f.size} for f in written.files]
+        values = [_frame_from_text(f.extra["partitions"]) for f in written.files
+                  if f.extra.get("partitions") is not None]
+        partitions = pl.concat(values, how="vertical") if values else None
+        batch.at("sink.after_data")
+        self._commit_manifest(batch, files, partitions, pl.DataFrame(schema=schema),
+                              written.rows)
+
+    def _commit_manifest(
+        self, batch: BatchContext, files: list[dict[str, Any]],
+        partitions: pl.DataFrame | None, empty: pl.DataFrame, rows: int,
+    ) -> None:
+        """Step 4: the manifest entry of ``batch`` (the commit point)."""
+        batch_id = batch.batch_id
+        entry = _entry_path(self._root, batch_id)
         body: dict[str, Any] = {
             "batch_id": batch_id,
             "query_id": batch.query_id,
-            "rows": df.height,
+            "rows": rows,
             "files": files,
             "partition_by": list(self.partition_by),
             "partitions": _frame_to_text(partitions) if partitions is not None else None,
-            "schema": self._schema_text(df),
+            "schema": self._schema_text(empty),
         }
         try:
             write_atomic(entry, _encode(body))
@@ -186,8 +240,8 @@ class ParquetSink(Sink):
             raise SinkError(
                 f"cannot write manifest entry {entry} of batch {batch_id}: {exc}"
             ) from exc
-        if df.height:
-            self._schema = dict(df.schema)
+        if rows:
+            self._schema = dict(empty.schema)
 
     def describe(self) -> dict[str, Any]:
         """The sink kind, directory, compression and partition columns."""
@@ -206,21 +260,21 @@ class ParquetSink(Sink):
         return self._schema_cache[1]
 
     def _write_data(
-        self, batch_id: int, df: pl.DataFrame
+        self, batch_id: int, df: pl.DataFrame, tag: str = ""
     ) -> tuple[list[dict[str, Any]], pl.DataFrame | None]:
         """Write the batch's files; return their manifest records and partition values."""
-        encoded, files, partitions = self._encode_data(batch_id, df)
+        encoded, files, partitions = self._encode_data(batch_id, df, tag)
         self._write_files(encoded)
         return files, partitions
 
     def _encode_data(
-        self, batch_id: int, df: pl.DataFrame
+        self, batch_id: int, df: pl.DataFrame, tag: str = ""
     ) -> tuple[list[tuple[Path, memoryview]], list[dict[str, Any]], pl.DataFrame | None]:
         """The batch's files encoded in memory (target, bytes), their manifest
         records and partition values."""
         if df.height == 0:
             return [], [], None
-        groups, partitions = self._split(batch_id, df)
+        groups, partitions = self._split(batch_id, df, tag)
         encoded = []
         files = []
         for rel, part in groups:
@@ -245,13 +299,13 @@ class ParquetSink(Sink):
             fsync_dir(directory)
 
     def _split(
-        self, batch_id: int, df: pl.DataFrame
+        self, batch_id: int, df: pl.DataFrame, tag: str = ""
     ) -> tuple[list[tuple[str, pl.DataFrame]], pl.DataFrame | None]:
         """Relative file names and frames for the batch, plus a frame of the typed
         partition values of each file (``None`` without ``partition_by``)."""
         cols = list(self.partition_by)
         if not cols:
-            return [(_file_name(batch_id, 0), df)], None
+            return [(_file_name(batch_id, 0, tag), df)], None
         missing = [c for c in cols if c not in df.columns]
         if missing:
             raise SinkError(
@@ -281,10 +335,58 @@ class ParquetSink(Sink):
         groups = []
         values = []
         for i, (directory, part) in enumerate(by_dir):
-            rel = f"{directory}/{_file_name(batch_id, i)}"
+            rel = f"{directory}/{_file_name(batch_id, i, tag)}"
             groups.append((rel, part.drop(keys + cols)))
             values.append(part.select(cols).head(1).with_columns(pl.lit(rel).alias(_FILE_COL)))
         return groups, pl.concat(values, how="vertical")
+
+
+@dataclass(frozen=True)
+class ParquetWriteTask(WriteTask):
+    """Writes a share of one batch's rows as Parquet files in a :class:`ParquetSink`
+    directory, as the sink's step 2 does (durable, unlisted until the manifest
+    entry); commits nothing."""
+
+    batch_id: int
+    root: str
+    compression: ParquetCompression
+    partition_by: tuple[str, ...]
+    output_mode: OutputMode
+    key_columns: tuple[str, ...]
+    schema: dict[str, pl.DataType] | None
+    """The output's columns when the batch started (``None``: no batch with rows yet)."""
+
+    def write(self, df: pl.DataFrame, part: int) -> list[WrittenFile]:
+        """``df``'s files (one per partition) under names no other attempt uses."""
+        sink = ParquetSink(self.root, compression=self.compression,
+                           partition_by=self.partition_by)
+        where = f"{sink.label} batch {self.batch_id}"
+        if self.output_mode == "changelog":
+            df = changelog_rows(df, self.key_columns, where)
+        if df.height == 0:
+            return []
+        if self.schema is not None and dict(df.schema) != self.schema:
+            raise SinkError(
+                f"batch {self.batch_id} does not fit the Parquet output {self.root}: "
+                f"{_schema_change(self.schema, dict(df.schema))}. Nothing was committed. "
+                "Pin the stream's columns and types (select, cast), or write to a new directory."
+            )
+        tag = f"{part:05d}-{uuid.uuid4().hex}-"
+        try:
+            files, partitions = sink._write_data(self.batch_id, df, tag)
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise SinkError(
+                f"cannot write the data files of batch {self.batch_id} under {self.root}: {exc}"
+            ) from exc
+        out = []
+        for record in files:
+            values = None
+            if partitions is not None:
+                values = _frame_to_text(partitions.filter(pl.col(_FILE_COL) == record["path"]))
+            out.append(WrittenFile(path=record["path"], size=record["bytes"],
+                                   rows=record["rows"], schema=dict(df.schema),
+                                   extra={"partitions": values}))
+        return out
 
 
 def committed_files(path: str | os.PathLike[str]) -> list[Path]:
@@ -344,8 +446,8 @@ def read_parquet_output(path: str | os.PathLike[str]) -> pl.DataFrame:
 # -- manifest entries -------------------------------------------------------------------------
 
 
-def _file_name(batch_id: int, index: int) -> str:
-    return f"part-{batch_id:010d}-{index:05d}.parquet"
+def _file_name(batch_id: int, index: int, tag: str = "") -> str:
+    return f"part-{batch_id:010d}-{tag}{index:05d}.parquet"
 
 
 def _hive_value(value: str | None) -> str:

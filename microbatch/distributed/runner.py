@@ -9,7 +9,10 @@ Per batch (step 4 of the lifecycle, and the state part of step 6)::
     fold     the driver folds every worker's watermark facts into its tracker
     reduce   every worker, for each shard it owns: the pieces of all slices,
              in slice order -> the shard's operators -> output rows
-    gather   output rows in shard order (late rows and metrics alike)
+    gather   output rows in shard order (late rows and metrics alike); when the
+             sink gave a write task (:meth:`ShardedRunner.execute_writing`),
+             the workers wrote the rows as the sink's files in reduce, and only
+             the files' descriptions come back, for the driver's sink commit
     commit   (after the driver's sink) every worker commits its shards' state
 
 A worker that dies or stops answering anywhere in a batch is replaced; the
@@ -44,6 +47,7 @@ from microbatch.exceptions import ExecutorError, MicrobatchError
 from microbatch.operators.base import OperatorContext
 from microbatch.plan.nodes import PlanNode
 from microbatch.types import OutputMode
+from sinks.base import WriteTask, WrittenBatch
 
 log = logging.getLogger("microbatch.distributed")
 
@@ -135,7 +139,30 @@ class ShardedRunner:
         self._last = (inputs, ctx)
         self._metrics = {}
         self.profile = {}
-        return self._with_replacement("execute", ctx.batch_id, lambda: self._execute(inputs, ctx))
+
+        def run() -> pl.DataFrame:
+            output = self._execute(inputs, ctx)
+            assert isinstance(output, pl.DataFrame)
+            return output
+
+        return self._with_replacement("execute", ctx.batch_id, run)
+
+    def execute_writing(
+        self, inputs: BatchInputs, ctx: OperatorContext, task: WriteTask
+    ) -> WrittenBatch:
+        """:meth:`execute`, with the output rows written by the workers as ``task``
+        says: the descriptions of the files, for the driver's sink commit. A lost
+        worker's re-run writes new files (the lost attempt's stay unreferenced)."""
+        self._last = (inputs, ctx)
+        self._metrics = {}
+        self.profile = {}
+
+        def run() -> WrittenBatch:
+            written = self._execute(inputs, ctx, task)
+            assert isinstance(written, WrittenBatch)
+            return written
+
+        return self._with_replacement("execute", ctx.batch_id, run)
 
     def commit(self) -> None:
         batch_id = self.batch_id if self._last is None else self._last[1].batch_id
@@ -215,7 +242,10 @@ class ShardedRunner:
 
     # ------------------------------------------------------------ the batch
 
-    def _execute(self, inputs: BatchInputs, ctx: OperatorContext) -> pl.DataFrame:
+    def _execute(
+        self, inputs: BatchInputs, ctx: OperatorContext,
+        write_task: WriteTask | None = None,
+    ) -> pl.DataFrame | WrittenBatch:
         workers = len(self.actors)
         slices = {sid: [to_wire(part) for part in slices_of(frame, workers)]
                   for sid, frame in inputs.frames.items()}
@@ -228,6 +258,7 @@ class ShardedRunner:
         mapped = [
             actor.map.options(num_returns=returns).remote(
                 {sid: parts[w] for sid, parts in slices.items()}, starts[w], ctx,
+                write_task=write_task,
                 **({"splits": splits_for(inputs, w), "partitions": inputs.partitions}
                    if inputs.on_workers else {}),
             )
@@ -251,20 +282,21 @@ class ShardedRunner:
         t1 = time.perf_counter()
         observed = [obs for fact in facts for obs in fact["watermarks"]]
         if not self.frontier:
-            output = concat([from_wire(f["output"]) for f in facts])
+            output = self._gather(facts, write_task, ctx.batch_id, profile)
             late = [from_wire(frame) for f in facts for frame in f["late_rows"]]
             metrics: list[dict[str, Any]] = []
         else:
             owned = self._owned()
             reduced = self._get([
                 actor.reduce.remote(
-                    ctx, {s: [m[1 + s] for m in mapped] for s in owned[w]}
+                    ctx, {s: [m[1 + s] for m in mapped] for s in owned[w]},
+                    write_task=write_task,
                 )
                 for w, actor in enumerate(self.actors)
             ])
             by_shard = {s: r for part in reduced for s, r in part.items()}
             ordered = [by_shard[s] for s in sorted(by_shard)]
-            output = concat([from_wire(r["output"]) for r in ordered])
+            output = self._gather(ordered, write_task, ctx.batch_id, profile)
             late = [from_wire(frame) for r in ordered for frame in r["late_rows"]]
             observed += [obs for r in ordered for obs in r["watermarks"]]
             metrics = [r["metrics"] for r in ordered]
@@ -276,6 +308,23 @@ class ShardedRunner:
         ctx.metrics.update(merge_metrics(metrics))
         self.profile = profile
         return output
+
+    @staticmethod
+    def _gather(
+        parts: list[dict[str, Any]], write_task: WriteTask | None, batch_id: int,
+        profile: dict[str, Any],
+    ) -> pl.DataFrame | WrittenBatch:
+        """The batch's output from the workers' answers, in order: the rows, or
+        (``write_task``) the files they wrote; ``output_bytes`` is what crossed
+        to the driver of the rows."""
+        if write_task is None:
+            tables = [p["output"] for p in parts]
+            profile["output_bytes"] = sum(t.nbytes for t in tables)
+            return concat([from_wire(t) for t in tables])
+        files = [f for p in parts for f in p["written"]]
+        profile["output_bytes"] = 0
+        profile["written_files"] = len(files)
+        return WrittenBatch.gather(files, where=f"batch {batch_id}")
 
     # ------------------------------------------------------------ workers
 

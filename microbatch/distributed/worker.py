@@ -6,7 +6,10 @@ of each source, which it reads itself, or a slice of rows the driver read ->
 the rows entering the plan's stateful nodes, cut into one piece per shard),
 then :meth:`ShardWorker.reduce` (each owned shard: the pieces of all workers,
 in slice order -> the shard's operators -> its output rows), then
-:meth:`ShardWorker.commit`. Each shard is a
+:meth:`ShardWorker.commit`. Given the sink's :class:`~sinks.base.WriteTask`
+(``write_task=``), the worker writes the output rows as the sink's data files
+itself and returns their descriptions instead of the rows; the driver commits
+them. Each shard is a
 :class:`~microbatch.engine.batch_executor.BatchExecutor` over the shard's own state
 directory, so a shard behaves exactly as the whole query does in one process,
 for the keys that hash to it.
@@ -31,8 +34,10 @@ from microbatch.engine.faults import fault_point
 from microbatch.engine.split_reads import input_of
 from microbatch.engine.watermark import WatermarkTracker
 from microbatch.operators.base import OperatorContext
+from microbatch.operators.changes import sink_rows
 from microbatch.sources.base import ReadSplit
 from microbatch.types import OutputMode
+from sinks.base import WriteTask, WrittenFile
 
 Observation = tuple[str, dict[str, int]]
 """(watermark node id, max event time per source partition) seen by a worker."""
@@ -132,11 +137,12 @@ class ShardWorker:
         *,
         splits: dict[str, ReadSplit] | None = None,
         partitions: bool = False,
+        write_task: WriteTask | None = None,
     ) -> Any:
         """Stateless steps over a slice of the batch: ``(facts, piece of shard 0,
         piece of shard 1, ...)``, each piece the rows entering each exchange
         point; without stateful nodes, only ``facts``, whose ``"output"`` holds
-        the result.
+        the result (``"written"``: the files ``write_task`` wrote of it).
 
         The slice is ``inputs`` (rows the driver read) and, for the sources in
         ``splits``, what this worker reads of them itself (``partitions``: with
@@ -148,9 +154,16 @@ class ShardWorker:
         read = None if splits is None else self._read(splits, frames, partitions=partitions)
         if not self.frontier:
             output = self.mapper.execute(frames, ctx)
-            return {"output": to_wire(output), "watermarks": self._observed(self.mapper),
-                    "late_rows": [to_wire(f) for f in ctx.late_rows], "busy_ms": _ms(t0),
-                    "rows": 0, "bytes": 0, "read": read}
+            facts = {"watermarks": self._observed(self.mapper),
+                     "late_rows": [to_wire(f) for f in ctx.late_rows], "rows": 0, "bytes": 0,
+                     "read": read}
+            if write_task is None:
+                facts["output"] = to_wire(output)
+            else:
+                with durability_level(self.durability):
+                    facts["written"] = self._write(write_task, output, first_row, ctx.batch_id)
+            facts["busy_ms"] = _ms(t0)
+            return facts
         exchanged = self.mapper.stateless_inputs(self.frontier, frames, ctx)
         pieces: list[dict[tuple[int, int], pa.Table]] = [{} for _ in range(self.layout.shards)]
         for point, frame in exchanged.items():
@@ -192,11 +205,21 @@ class ShardWorker:
         assert isinstance(tracker, ObservingTracker)
         return tracker.take()
 
+    def _write(
+        self, task: WriteTask, output: pl.DataFrame, part: int, batch_id: int
+    ) -> list[WrittenFile]:
+        """``output`` as the sink's data files (as the sink receives rows)."""
+        written = task.write(sink_rows(output, self.output_mode), part)
+        fault_point("worker.after_write", batch_id)
+        return written
+
     def reduce(
-        self, ctx: OperatorContext, pieces: dict[int, list[Any]]
+        self, ctx: OperatorContext, pieces: dict[int, list[Any]],
+        *, write_task: WriteTask | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Each owned shard's operators over its pieces (object refs, in slice
-        order): per shard, its output rows, late rows, metrics, watermark facts."""
+        order): per shard, its output rows (with ``write_task``: the files it
+        wrote of them, ``"written"``), late rows, metrics, watermark facts."""
         import ray
 
         fault_point("worker.reduce", ctx.batch_id)
@@ -217,12 +240,15 @@ class ShardWorker:
                 executor = self.shards[shard]
                 output = executor.execute({}, shard_ctx, exchanged)
                 out[shard] = {
-                    "output": to_wire(output),
                     "late_rows": [to_wire(f) for f in shard_ctx.late_rows],
                     "metrics": shard_ctx.metrics,
                     "watermarks": self._observed(executor),
-                    "busy_ms": _ms(t0),
                 }
+                if write_task is None:
+                    out[shard]["output"] = to_wire(output)
+                else:
+                    out[shard]["written"] = self._write(write_task, output, shard, ctx.batch_id)
+                out[shard]["busy_ms"] = _ms(t0)
         return out
 
     def commit(self, batch_id: int) -> dict[str, Any]:

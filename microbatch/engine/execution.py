@@ -7,8 +7,11 @@ reads top to bottom as the protocol of docs/design.md::
                     move past state and no timer or TTL due -> no batch
     2. write-ahead  offsets/N = ranges, watermark, timestamp, fingerprint
     3. read         exactly the recorded ranges
-    4. execute      the plan, vectorized over the whole batch
-    5. sink         sink.add_batch(N, rows); dead letters likewise
+    4. execute      the plan, vectorized over the whole batch (on Ray workers
+                    that write the sink's data files when the sink lets them:
+                    their descriptions come back instead of the rows)
+    5. sink         sink.add_batch(N, rows), or sink.commit_files(N, files);
+                    dead letters and late rows likewise, by the driver
     6. commit       commits/N; sources may forget what is before their ends
     7. report       one progress record
 
@@ -76,7 +79,13 @@ from microbatch.checkpoint import Checkpoint, CommitEntry, OffsetEntry
 from microbatch.engine.batch_executor import input_frame
 from microbatch.engine.committer import Committer
 from microbatch.engine.durability import Durability, durability_level
-from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner, SplitRunner
+from microbatch.engine.executors import (
+    Executor,
+    FileWritingRunner,
+    LocalExecutor,
+    PlanRunner,
+    SplitRunner,
+)
 from microbatch.engine.faults import fault_point, side_fault_point
 from microbatch.engine.read_ahead import ReadAhead, read_ranges
 from microbatch.engine.replay import RecordedBatches, ReplayLoop, refuse_unfinished
@@ -89,7 +98,7 @@ from microbatch.observability.latency import LatencyProbe
 from microbatch.observability.progress import ProgressStore
 from microbatch.observability.record import BatchFacts, progress_record
 from microbatch.operators.base import OperatorContext
-from microbatch.operators.changes import CHANGE_TYPE, as_inserts
+from microbatch.operators.changes import sink_rows
 from microbatch.plan.nodes import PlanNode
 from microbatch.plan.triggers import ProcessingTime, Trigger
 from microbatch.sources.base import (
@@ -99,9 +108,12 @@ from microbatch.sources.base import (
     count_schema_mismatches,
 )
 from microbatch.types import Offset, OutputMode
-from sinks.base import Sink, SinkContext
+from sinks.base import Sink, SinkContext, WriteTask, WrittenBatch
 
 log = logging.getLogger("microbatch.engine.execution")
+
+SinkOutput = pl.DataFrame | WrittenBatch
+"""Step 4's result for step 5: the output rows, or the files workers wrote of them."""
 
 @dataclass
 class PlannedBatch:
@@ -660,27 +672,41 @@ class MicroBatchExecution:
 
     def execute(
         self, batch: PlannedBatch, inputs: BatchInputs
-    ) -> tuple[pl.DataFrame, OperatorContext]:
+    ) -> tuple[SinkOutput, OperatorContext]:
         """Step 4: the plan over the whole batch, with the recorded watermark;
-        then the watermark that the next batch will use."""
+        then the watermark that the next batch will use. When the workers write
+        the sink's files (:meth:`sink_task`), the files, not the rows."""
         ctx = OperatorContext(
             batch_id=batch.batch_id,
             watermark_ms=batch.watermark_ms,
             timestamp_ms=batch.timestamp_ms,
         )
-        if inputs.on_workers:
+        task = self.sink_task(batch)
+        output: SinkOutput
+        if task is not None:
+            assert isinstance(self.executor, FileWritingRunner)
+            output = self.executor.execute_writing(inputs, ctx, task)
+        elif inputs.on_workers:
             assert isinstance(self.executor, SplitRunner)  # NOTE: only it is given splits
-            output = self.executor.execute_splits(inputs, ctx)
-            self.input_schemas.update(inputs.schemas)
+            output = sink_rows(self.executor.execute_splits(inputs, ctx), self.output_mode)
         else:
-            output = self.executor.execute(inputs.frames, ctx)
-        if self.output_mode == "changelog" and output.width and CHANGE_TYPE not in output.columns:
-            # NOTE: a plan without a changing operator only ever adds rows
-            output = as_inserts(output)
+            output = sink_rows(self.executor.execute(inputs.frames, ctx), self.output_mode)
+        if inputs.on_workers:
+            self.input_schemas.update(inputs.schemas)
         self.tracker.advance(batch.timestamp_ms)
         # NOTE: never below the watermark this batch ran at (a re-run flush batch)
         self.tracker.raise_to(batch.watermark_ms)
         return output, ctx
+
+    def sink_task(self, batch: PlannedBatch) -> WriteTask | None:
+        """The sink's task for workers that write its data files (step 5's data
+        part moved into step 4), or ``None``: the rows come to this process. Never
+        for a replay's warm-up batch (its output is not written)."""
+        if not isinstance(self.executor, FileWritingRunner):
+            return None
+        if self.replay is not None and self.replay.warms_up(batch.batch_id):
+            return None
+        return self.sink.distributed_writer(batch.batch_id)
 
     def check_state_budget(self, batch: PlannedBatch, ctx: OperatorContext) -> None:
         """End of step 4: refuse a batch whose state outgrew ``state_memory_budget``
@@ -696,9 +722,10 @@ class MicroBatchExecution:
         )
 
     def write_sink(
-        self, batch: PlannedBatch, output: pl.DataFrame, dead: pl.DataFrame, ctx: OperatorContext
+        self, batch: PlannedBatch, output: SinkOutput, dead: pl.DataFrame, ctx: OperatorContext
     ) -> None:
-        """Step 5: hand the batch to the sinks (each idempotent on the batch id)."""
+        """Step 5: hand the batch to the sinks (each idempotent on the batch id);
+        files the workers wrote are committed as the batch."""
         if self.replay is not None and self.replay.warms_up(batch.batch_id):
             return  # a replay's warm-up batch rebuilds state only (``--batches A..B``)
         if dead.height and self.dead_letter_sink is not None:
@@ -708,7 +735,10 @@ class MicroBatchExecution:
                 pl.lit(batch.batch_id, pl.Int64).alias("batch_id")
             )
             self.late_sink.add_batch(batch.batch_id, late)
-        self.sink.add_batch(batch.batch_id, output)
+        if isinstance(output, WrittenBatch):
+            self.sink.commit_files(batch.batch_id, output)
+        else:
+            self.sink.add_batch(batch.batch_id, output)
 
     def commit(self, batch: PlannedBatch) -> None:
         """Step 6: state version N+1, then ``commits/N`` with the next watermark.
@@ -762,7 +792,7 @@ class MicroBatchExecution:
     def hand_off(
         self,
         batch: PlannedBatch,
-        output: pl.DataFrame,
+        output: SinkOutput,
         dead: pl.DataFrame,
         ctx: OperatorContext,
         result: BatchResult,

@@ -29,8 +29,9 @@ from microbatch.engine.watermark import WatermarkTracker
 from microbatch.operators.base import OperatorContext, StatefulOperator
 from microbatch.plan.nodes import PlanNode
 from microbatch.types import OutputMode
+from sinks.base import WriteTask, WrittenBatch
 
-__all__ = ["Executor", "LocalExecutor", "PlanRunner", "SplitRunner"]
+__all__ = ["Executor", "FileWritingRunner", "LocalExecutor", "PlanRunner", "SplitRunner"]
 
 
 class PlanRunner(Protocol):
@@ -86,6 +87,18 @@ class SplitRunner(Protocol):
     def read_pieces(self) -> int | None: ...
 
     def execute_splits(self, inputs: BatchInputs, ctx: OperatorContext) -> pl.DataFrame: ...
+
+
+class FileWritingRunner(Protocol):
+    """A runner whose workers can write the sink's data files themselves
+    (:meth:`sinks.base.Sink.distributed_writer`): the output rows never reach
+    the driver, only the files' descriptions, which the driver commits in step 5."""
+
+    def execute_writing(
+        self, inputs: BatchInputs, ctx: OperatorContext, task: WriteTask
+    ) -> WrittenBatch:
+        """``execute``, the output written by ``task`` on the workers (not committed)."""
+        ...
 
 
 @runtime_checkable

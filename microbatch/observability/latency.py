@@ -26,7 +26,7 @@ from microbatch.exceptions import PlanError
 from microbatch.plan.event_time import event_time_ms
 from microbatch.plan.nodes import PlanNode, WatermarkNode
 from microbatch.types import OutputMode
-from sinks.base import BatchContext, Sink, SinkContext
+from sinks.base import BatchContext, Sink, SinkContext, WriteTask, WrittenBatch
 
 WINDOW_END = "window_end"
 
@@ -83,6 +83,15 @@ class LatencyProbe(Sink):
             batch.batch_id,
             measure_latency(df, self.columns, int(time.time() * 1000)),
         )
+
+    def distributed_writer(self, batch_id: int) -> WriteTask | None:
+        """The wrapped sink's (workers write its files)."""
+        return self.inner.distributed_writer(batch_id)
+
+    def commit_written(self, batch: BatchContext, written: WrittenBatch) -> None:
+        """Commit through the wrapped sink; no latency (the rows stayed on the workers)."""
+        self.inner.commit_files(batch.batch_id, written)
+        self._last = (batch.batch_id, None)
 
     def latency(self, batch_id: int) -> dict[str, Any] | None:
         """The latency measured for ``batch_id`` (``None`` if not this batch's)."""

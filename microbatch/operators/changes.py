@@ -20,7 +20,7 @@ import polars as pl
 
 from sinks.changelog import CHANGE_TYPE, DELETE, INSERT, UPDATE_POSTIMAGE, UPDATE_PREIMAGE
 
-__all__ = ["CHANGE_TYPE", "as_inserts", "diff_rows", "empty_changes"]
+__all__ = ["CHANGE_TYPE", "as_inserts", "diff_rows", "empty_changes", "sink_rows"]
 
 _PAIR, _SIDE = "__mb_pair", "__mb_side"
 
@@ -28,6 +28,14 @@ _PAIR, _SIDE = "__mb_pair", "__mb_side"
 def as_inserts(rows: pl.DataFrame) -> pl.DataFrame:
     """``rows`` as a changelog of inserts (``_change_type`` last)."""
     return rows.with_columns(pl.lit(INSERT, pl.String).alias(CHANGE_TYPE))
+
+
+def sink_rows(output: pl.DataFrame, output_mode: str) -> pl.DataFrame:
+    """A plan's output as the sink receives it: in ``changelog`` mode, the rows of
+    a plan without a changing operator as inserts (it only ever adds rows)."""
+    if output_mode == "changelog" and output.width and CHANGE_TYPE not in output.columns:
+        return as_inserts(output)
+    return output
 
 
 def empty_changes(rows: pl.DataFrame) -> pl.DataFrame:
