@@ -1,14 +1,21 @@
 """The driver's side of a scaled-out query: one batch across Ray workers.
 
-Per batch (step 4 of the lifecycle, and the state part of step 6)::
+Per batch (step 4 of the lifecycle, and the state part of step 6), one
+exchange: the driver launches every task at once and waits once::
 
     map      every worker: a contiguous slice of each source's rows -> the
              stateless steps -> rows entering the stateful nodes, cut by shard
-    fold     the driver folds every worker's watermark facts into its tracker
-    reduce   every worker, for each shard it owns: the pieces of all slices,
-             in slice order -> the shard's operators -> output rows
-    gather   output rows in shard order (late rows and metrics alike)
-    commit   (after the driver's sink) every worker commits its shards' state
+    reduce   every worker, for each shard it owns: the pieces of all slices
+             (object refs, resolved worker to worker), in slice order -> the
+             shard's operators -> output rows; then the shard's state is
+             committed as version N+1 (durably) before the answer
+    gather   the maps' watermark facts and the reduces' answers together;
+             output rows in shard order (late rows and metrics alike)
+
+``commit()`` is then a no-op on the workers: the engine writes ``commits/N``
+after the sink, and a batch that does not reach ``commits/N`` re-runs from
+version N, whose load drops the orphaned N+1 (the version rule of
+``statestore/contract.py``); ``abort()`` reloads version N on every worker.
 
 A worker that dies or stops answering anywhere in a batch is replaced; the
 new set of workers loads every shard's last committed state and the batch is
@@ -116,36 +123,20 @@ class ShardedRunner:
         return self._with_replacement("execute", ctx.batch_id, lambda: self._execute(inputs, ctx))
 
     def commit(self) -> None:
+        """Batch N's state is already version N+1 on every shard: each reduce
+        committed it, durably, before answering (no round trip here). The engine
+        writes ``commits/N`` after this returns, so a crash before that re-runs
+        batch N, which loads version N and drops the orphaned N+1."""
         batch_id = self.batch_id if self._last is None else self._last[1].batch_id
-
-        def commit_all() -> None:
-            t0 = time.perf_counter()
-            done = self._get([a.commit.remote(batch_id) for a in self.actors])
-            self._metrics = {s: m for part in done for s, m in part["metrics"].items()}
-            self.profile["commit_ms"] = _ms(t0)
-            self.profile["commit_busy_ms"] = [part["busy_ms"] for part in done]
-
-        def again() -> None:  # new workers: run the batch again, then commit
-            if self._last is not None:
-                inputs, ctx = self._last
-                # NOTE: a fresh context: the batch's late rows and metrics are already counted
-                self._execute(inputs, OperatorContext(batch_id=ctx.batch_id,
-                                                      watermark_ms=ctx.watermark_ms,
-                                                      timestamp_ms=ctx.timestamp_ms))
-            commit_all()
-
-        try:
-            commit_all()
-        except _WorkerLost as lost:
-            self._replace(batch_id, lost)
-            self._with_replacement("commit", batch_id, again)
         self._last = None
         self.batch_id = batch_id + 1
 
     def abort(self) -> None:
+        """Every shard back to version N (the reduce may have committed N+1):
+        the workers reload the last committed state, as new workers would."""
         self._last = None
         try:
-            self._get([a.abort.remote() for a in self.actors])
+            self._get([a.abort.remote(self.batch_id) for a in self.actors])
         except _WorkerLost as lost:  # new workers load the committed state anyway
             failure = lost
             self._with_replacement("abort", self.batch_id,
@@ -207,41 +198,69 @@ class ShardedRunner:
             for w, actor in enumerate(self.actors)
         ]
         mapped = [m if isinstance(m, list) else [m] for m in mapped]
-        facts = self._get([m[0] for m in mapped])
-        profile: dict[str, Any] = {
-            "map_ms": _ms(t0),
-            "map_busy_ms": [f["busy_ms"] for f in facts],
-            "exchanged_rows": sum(f["rows"] for f in facts),
-            "exchanged_bytes": sum(f["bytes"] for f in facts),
-        }
-        t1 = time.perf_counter()
-        observed = [obs for fact in facts for obs in fact["watermarks"]]
         if not self.frontier:
+            facts = self._get([m[0] for m in mapped])
             output = concat([from_wire(f["output"]) for f in facts])
             late = [from_wire(frame) for f in facts for frame in f["late_rows"]]
+            observed = [obs for fact in facts for obs in fact["watermarks"]]
             metrics: list[dict[str, Any]] = []
+            profile = self._profile(t0, facts, [{} for _ in facts])
         else:
+            # NOTE: one exchange: every reduce is launched now with the map pieces' refs
+            # (Ray moves them worker to worker); the driver waits once, for the maps'
+            # facts and the reduces' answers together. Each reduce also commits its
+            # shards' state as version N+1 before answering (see commit()).
             owned = self._owned()
-            reduced = self._get([
+            reduces = [
                 actor.reduce.remote(
-                    ctx, {s: [m[1 + s] for m in mapped] for s in owned[w]}
+                    ctx, {s: [m[1 + s] for m in mapped] for s in owned[w]}, commit=True
                 )
                 for w, actor in enumerate(self.actors)
-            ])
+            ]
+            answers = self._get([m[0] for m in mapped] + reduces)
+            facts, reduced = answers[:workers], answers[workers:]
             by_shard = {s: r for part in reduced for s, r in part.items()}
             ordered = [by_shard[s] for s in sorted(by_shard)]
             output = concat([from_wire(r["output"]) for r in ordered])
             late = [from_wire(frame) for r in ordered for frame in r["late_rows"]]
+            observed = [obs for fact in facts for obs in fact["watermarks"]]
             observed += [obs for r in ordered for obs in r["watermarks"]]
             metrics = [r["metrics"] for r in ordered]
-            profile["reduce_ms"] = _ms(t1)
-            profile["shard_busy_ms"] = [r["busy_ms"] for r in ordered]
+            self._metrics = {s: r["state"] for s, r in by_shard.items() if "state" in r}
+            profile = self._profile(t0, facts, reduced)
         for node_id, maxima in observed:  # max is order-free: any fold order gives one value
             self.tracker.fold(node_id, maxima, ctx.timestamp_ms)
         ctx.late_rows.extend(late)
         ctx.metrics.update(merge_metrics(metrics))
         self.profile = profile
         return output
+
+    def _profile(
+        self, t0: float, facts: list[dict[str, Any]], reduced: list[dict[int, dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """The batch's distributed part: its wall time on the driver, each worker's
+        busy time (map, reduce, state commit) and the barrier between them."""
+        wall = _ms(t0)
+        map_busy = [f["busy_ms"] for f in facts]
+        reduce_busy = [round(sum(r["busy_ms"] for r in part.values()), 3) for part in reduced]
+        commit_busy = [round(sum(r.get("commit_ms", 0.0) for r in part.values()), 3)
+                       for part in reduced]
+        busiest = max((m + r + c for m, r, c in zip(map_busy, reduce_busy, commit_busy,
+                                                    strict=True)), default=0.0)
+        shard_rows = [0] * self.layout.shards
+        for part in reduced:
+            for s, r in part.items():
+                shard_rows[s] = r.get("rows", 0)
+        return {
+            "exchange_ms": wall,
+            "barrier_ms": round(max(wall - busiest, 0.0), 3),
+            "map_busy_ms": map_busy,
+            "reduce_busy_ms": reduce_busy,
+            "commit_busy_ms": commit_busy,
+            "shard_busy_ms": [r["busy_ms"] for part in reduced for _, r in sorted(part.items())],
+            "exchanged_rows": sum(f["rows"] for f in facts),
+            "exchanged_bytes": sum(f["bytes"] for f in facts),
+        }
 
     # ------------------------------------------------------------ workers
 

@@ -5,7 +5,8 @@ Per batch the driver calls :meth:`ShardWorker.map` on every worker (a slice
 of each source's rows -> the rows entering the plan's stateful nodes, cut into
 one piece per shard), then :meth:`ShardWorker.reduce` (each owned shard: the
 pieces of all workers, in slice order -> the shard's operators -> its output
-rows), then :meth:`ShardWorker.commit`. Each shard is a
+rows -> the shard's state committed as the next version), all launched at once:
+one exchange per batch (docs/scale-out.md). Each shard is a
 :class:`~microbatch.engine.batch_executor.BatchExecutor` over the shard's own state
 directory, so a shard behaves exactly as the whole query does in one process,
 for the keys that hash to it.
@@ -96,6 +97,7 @@ class ShardWorker:
         self.frontier = frontier(self.plan)
         self.mapper = self._executor()
         self.shards: dict[int, BatchExecutor] = {}
+        self.state_root: str | None = None
 
     def _executor(self) -> BatchExecutor:
         executor = BatchExecutor(self.plan, output_mode=self.output_mode)
@@ -111,6 +113,7 @@ class ShardWorker:
     def open(self, state_root: str | None, shards: list[int], batch_id: int) -> None:
         """Own ``shards`` from batch ``batch_id`` on: load their state."""
         self.shards = {}
+        self.state_root = state_root
         with durability_level(self.durability):
             for shard in shards:
                 executor = self._executor()
@@ -153,10 +156,16 @@ class ShardWorker:
         return tracker.take()
 
     def reduce(
-        self, ctx: OperatorContext, pieces: dict[int, list[Any]]
+        self, ctx: OperatorContext, pieces: dict[int, list[Any]], *, commit: bool = False
     ) -> dict[int, dict[str, Any]]:
         """Each owned shard's operators over its pieces (object refs, in slice
-        order): per shard, its output rows, late rows, metrics, watermark facts."""
+        order): per shard, its output rows, late rows, metrics, watermark facts,
+        the rows that entered it and its busy time.
+
+        With ``commit``, every owned shard's state is then made version N+1
+        (durably, before the answer): the driver's ``commits/N`` follows the
+        answer, so a batch that does not reach it re-runs from version N, whose
+        load drops the orphaned N+1."""
         import ray
 
         fault_point("worker.reduce", ctx.batch_id)
@@ -181,13 +190,22 @@ class ShardWorker:
                     "late_rows": [to_wire(f) for f in shard_ctx.late_rows],
                     "metrics": shard_ctx.metrics,
                     "watermarks": self._observed(executor),
+                    "rows": sum(frame.height for frame in exchanged.values()),
                     "busy_ms": _ms(t0),
                 }
+            if commit:
+                fault_point("worker.commit", ctx.batch_id)
+                for shard in sorted(out):
+                    t0 = time.perf_counter()
+                    self.shards[shard].commit()
+                    out[shard]["commit_ms"] = _ms(t0)
+                    out[shard]["state"] = self.shards[shard].state_metrics()
+                fault_point("worker.after_commit", ctx.batch_id)
         return out
 
     def commit(self, batch_id: int) -> dict[str, Any]:
         """Make every owned shard's staged state the next version: their
-        metrics (by shard) and the time it took."""
+        metrics (by shard) and the time it took (a reduce without ``commit``)."""
         fault_point("worker.commit", batch_id)
         t0 = time.perf_counter()
         with durability_level(self.durability):
@@ -196,9 +214,14 @@ class ShardWorker:
         return {"metrics": {shard: ex.state_metrics() for shard, ex in self.shards.items()},
                 "busy_ms": _ms(t0)}
 
-    def abort(self) -> None:
+    def abort(self, batch_id: int | None = None) -> None:
+        """Drop the batch's staged state; with ``batch_id``, reload every owned
+        shard at that batch (version ``batch_id``: a reduce that committed
+        ``batch_id + 1`` is undone, its files dropped by the load)."""
         for executor in self.shards.values():
             executor.abort()
+        if batch_id is not None and self.state_root is not None:
+            self.open(self.state_root, sorted(self.shards), batch_id)
 
     def due(self, now_ms: int, watermark_ms: int | None) -> bool:
         return any(ex.due(now_ms, watermark_ms) for ex in self.shards.values())

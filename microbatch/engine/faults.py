@@ -10,7 +10,9 @@ Points, in lifecycle order: ``after_plan``, ``after_write_ahead``,
 ``sink.before_commit`` / ``sink.after_commit`` (inside sinks that have them),
 ``after_sink``, ``after_state_commit``, ``after_commit``,
 ``after_report``; in the workers of a scaled-out query (Ray):
-``worker.map``, ``worker.reduce``, ``worker.commit``; while ``run
+``worker.map``, ``worker.reduce``, ``worker.commit`` (in the reduce, before
+its shards' state commit), ``worker.after_commit`` (the shards' version N+1
+durable, the driver not yet answered); while ``run
 --from-savepoint`` assembles a new checkpoint: ``restore.before_publish`` (with
 the savepoint's batch id). The side outputs,
 written before the sink in step 5, have their own sink points:
@@ -42,7 +44,7 @@ POINTS = (
     "after_commit",
     "after_report",
 )
-WORKER_POINTS = ("worker.map", "worker.reduce", "worker.commit")
+WORKER_POINTS = ("worker.map", "worker.reduce", "worker.commit", "worker.after_commit")
 """Points inside the Ray workers of a scaled-out query (not passed in one process)."""
 RESTORE_POINTS = ("restore.before_publish",)
 """Points of ``run --from-savepoint`` (passed once, before the first batch)."""
