@@ -52,6 +52,16 @@ class RayExecutor:
     worker_timeout
         Seconds a worker may take to answer one step of a batch before it counts
         as lost.
+    combine
+        Pre-aggregate on the map side before the shuffle (window and keyed
+        ``group_by`` aggregates whose partials merge exactly: ``len``, ``count``,
+        integer ``sum``/``min``/``max``, and float ``sum``/``mean`` of append-mode
+        windows): rows exchanged fall with distinct keys instead of rows; the
+        results are bit for bit those of shipping rows. ``False`` ships rows.
+    skew_alarm
+        Max/mean rows per shard above which a batch logs a WARNING naming the
+        hottest shard's most frequent key (``skew_alarm`` in progress), when that
+        shard had at least ``skew_min_rows`` rows.
     """
 
     workers: int = 2
@@ -59,6 +69,9 @@ class RayExecutor:
     shards: int | None = None
     max_worker_restarts: int = 3
     worker_timeout: float = 300.0
+    combine: bool = True
+    skew_alarm: float = 4.0
+    skew_min_rows: int = 10_000
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -83,6 +96,9 @@ class RayExecutor:
             default_shards=SHARDS_PER_WORKER * self.workers,
             max_worker_restarts=self.max_worker_restarts,
             worker_timeout_s=self.worker_timeout,
+            combine=self.combine,
+            skew_alarm=self.skew_alarm,
+            skew_min_rows=self.skew_min_rows,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import polars as pl
 from microbatch.distributed.cluster import RayConnection
 from microbatch.distributed.sharding import ShardLayout, bind_layout, frontier
 from microbatch.distributed.shipping import dumps_plan
-from microbatch.distributed.worker import ShardWorker, from_wire, to_wire
+from microbatch.distributed.worker import ROWS_NEEDED, ShardWorker, from_wire, to_wire
 from microbatch.engine.batch_executor import BatchExecutor
 from microbatch.engine.durability import Durability
 from microbatch.exceptions import ExecutorError, MicrobatchError
@@ -67,6 +67,9 @@ class ShardedRunner:
         default_shards: int,
         max_worker_restarts: int,
         worker_timeout_s: float,
+        combine: bool = True,
+        skew_alarm: float = 4.0,
+        skew_min_rows: int = 10_000,
     ) -> None:
         self.template = BatchExecutor(plan, output_mode=output_mode)
         self.tracker = self.template.tracker
@@ -81,6 +84,9 @@ class ShardedRunner:
         self.plan_blob = dumps_plan(plan)
         self.max_worker_restarts = max_worker_restarts
         self.worker_timeout_s = worker_timeout_s
+        self.combine = combine
+        self.skew_alarm = skew_alarm
+        self.skew_min_rows = skew_min_rows
         self.state_root: Path | None = None
         self.batch_id = 0
         self.actors: list[Any] = []
@@ -185,6 +191,26 @@ class ShardedRunner:
     # ------------------------------------------------------------ the batch
 
     def _execute(self, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext) -> pl.DataFrame:
+        combine = self.combine and bool(self.frontier)
+        got = self._exchange(inputs, ctx, combine=combine)
+        if got is None:  # a shard could not merge the partials exactly: rows, this once
+            self._get([a.abort.remote(ctx.batch_id) for a in self.actors])
+            got = self._exchange(inputs, ctx, combine=False)
+            assert got is not None
+        output, late, observed, metrics, profile = got
+        for node_id, maxima in observed:  # max is order-free: any fold order gives one value
+            self.tracker.fold(node_id, maxima, ctx.timestamp_ms)
+        ctx.late_rows.extend(late)
+        ctx.metrics.update(merge_metrics(metrics))
+        self.profile = profile
+        return output
+
+    def _exchange(
+        self, inputs: Mapping[str, pl.DataFrame], ctx: OperatorContext, *, combine: bool
+    ) -> tuple[pl.DataFrame, list[pl.DataFrame], list[Any], list[dict[str, Any]],
+               dict[str, Any]] | None:
+        """One exchange of the batch: output rows, late rows, watermark facts,
+        per-shard metrics and the profile; ``None`` when a reduce asks for rows."""
         workers = len(self.actors)
         slices = {sid: slices_of(frame, workers) for sid, frame in inputs.items()}
         first = next(iter(inputs.values()), pl.DataFrame())
@@ -193,17 +219,18 @@ class ShardedRunner:
         t0 = time.perf_counter()
         mapped = [
             actor.map.options(num_returns=returns).remote(
-                {sid: to_wire(parts[w]) for sid, parts in slices.items()}, starts[w], ctx
+                {sid: to_wire(parts[w]) for sid, parts in slices.items()}, starts[w], ctx,
+                combine=combine,
             )
             for w, actor in enumerate(self.actors)
         ]
         mapped = [m if isinstance(m, list) else [m] for m in mapped]
+        metrics: list[dict[str, Any]] = []
         if not self.frontier:
             facts = self._get([m[0] for m in mapped])
             output = concat([from_wire(f["output"]) for f in facts])
             late = [from_wire(frame) for f in facts for frame in f["late_rows"]]
             observed = [obs for fact in facts for obs in fact["watermarks"]]
-            metrics: list[dict[str, Any]] = []
             profile = self._profile(t0, facts, [{} for _ in facts])
         else:
             # NOTE: one exchange: every reduce is launched now with the map pieces' refs
@@ -213,12 +240,20 @@ class ShardedRunner:
             owned = self._owned()
             reduces = [
                 actor.reduce.remote(
-                    ctx, {s: [m[1 + s] for m in mapped] for s in owned[w]}, commit=True
+                    ctx, {s: [m[1 + s] for m in mapped] for s in owned[w]}, commit=True,
+                    hot_key_rows=self.skew_min_rows,
                 )
                 for w, actor in enumerate(self.actors)
             ]
             answers = self._get([m[0] for m in mapped] + reduces)
             facts, reduced = answers[:workers], answers[workers:]
+            asked = [part[ROWS_NEEDED] for part in reduced if ROWS_NEEDED in part]
+            if asked:
+                if any(a["reason"] == "layout" for a in asked):
+                    self.combine = False  # this checkpoint's state cannot take partials
+                log.info("batch %d: partials could not be merged exactly (%s); the batch "
+                         "runs again with rows", ctx.batch_id, asked[0]["reason"])
+                return None
             by_shard = {s: r for part in reduced for s, r in part.items()}
             ordered = [by_shard[s] for s in sorted(by_shard)]
             output = concat([from_wire(r["output"]) for r in ordered])
@@ -228,12 +263,45 @@ class ShardedRunner:
             metrics = [r["metrics"] for r in ordered]
             self._metrics = {s: r["state"] for s, r in by_shard.items() if "state" in r}
             profile = self._profile(t0, facts, reduced)
-        for node_id, maxima in observed:  # max is order-free: any fold order gives one value
-            self.tracker.fold(node_id, maxima, ctx.timestamp_ms)
-        ctx.late_rows.extend(late)
-        ctx.metrics.update(merge_metrics(metrics))
-        self.profile = profile
-        return output
+            profile["combined"] = combine
+            profile.update(self._skew(ctx.batch_id, by_shard, facts))
+        return output, late, observed, metrics, profile
+
+    def _skew(
+        self, batch_id: int, by_shard: dict[int, dict[str, Any]], facts: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Rows per shard (entering its operators: partial rows where the map
+        side pre-aggregated), their max/mean, and the alarm naming the hottest
+        shard's most frequent key when max/mean exceeds ``skew_alarm`` with at
+        least ``skew_min_rows`` rows in that shard (hash-sharded queries only)."""
+        rows = [by_shard[s]["rows"] if s in by_shard else 0 for s in range(self.layout.shards)]
+        routed = [sum(f["routed_rows"][s] for f in facts) for s in range(self.layout.shards)]
+        mean = sum(rows) / len(rows) if rows else 0.0
+        hot = max(range(len(rows)), key=lambda s: rows[s]) if rows else 0
+        skew = round(rows[hot] / mean, 3) if mean else None
+        key = by_shard.get(hot, {}).get("hot_key")
+        alarm = None
+        if (
+            skew is not None and skew > self.skew_alarm and rows[hot] >= self.skew_min_rows
+            and self.layout.mode == "hash"
+        ):
+            named = ("" if key is None else "; its most frequent key is " + ", ".join(
+                f"{c}={v!r}" for c, v in key["key"].items()) + f" ({key['share']:.0%} of a "
+                "sample of its rows)")
+            alarm = (f"shard {hot} took {skew:.1f}x the mean rows per shard ({rows[hot]:,} "
+                     f"of {sum(rows):,} rows){named}. A hot key loads one worker: "
+                     "pre-aggregation (decomposable aggregates) bounds it to one partial "
+                     "row per worker; otherwise spread the key (e.g. add a salt column to "
+                     "the group and aggregate again downstream)")
+            log.warning("batch %d: %s", batch_id, alarm)
+        return {
+            "shard_rows": rows,
+            "routed_rows": routed,
+            "skew": skew,
+            "hot_shard": hot,
+            "hot_key": None if key is None else key["key"],
+            "skew_alarm": alarm,
+        }
 
     def _profile(
         self, t0: float, facts: list[dict[str, Any]], reduced: list[dict[int, dict[str, Any]]]

@@ -25,11 +25,13 @@ import pyarrow as pa
 
 from microbatch.distributed.sharding import ShardLayout, frontier
 from microbatch.distributed.shipping import loads_plan
-from microbatch.engine.batch_executor import BatchExecutor
+from microbatch.engine.batch_executor import HIDDEN, BatchExecutor
 from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.faults import fault_point
-from microbatch.engine.watermark import WatermarkTracker
+from microbatch.engine.watermark import PARTITION_COLUMN, WatermarkTracker
 from microbatch.operators.base import OperatorContext
+from microbatch.operators.window_agg import WindowAggregate
+from microbatch.plan.nodes import StatefulNode
 from microbatch.types import OutputMode
 
 Observation = tuple[str, dict[str, int]]
@@ -66,6 +68,56 @@ def from_wire(table: pa.Table) -> pl.DataFrame:
     return frame
 
 
+COMBINED = "combined"
+"""The key of a map piece holding its pre-aggregated points' late rows and facts."""
+ROWS_NEEDED = -1
+"""The key of a reduce answer asking for the batch again with rows (no combiner)."""
+HOT_KEY_SAMPLE = 8192
+"""Rows of a shard's input sampled (evenly spaced) to name its most frequent key."""
+
+
+def _visible(frame: pl.DataFrame) -> pl.DataFrame:
+    """A frontier frame as an operator that drops hidden columns sees it."""
+    if PARTITION_COLUMN in frame.columns:
+        return frame.select(pl.exclude(HIDDEN))
+    return frame
+
+
+def _tables(piece: dict[Any, Any]) -> list[pa.Table]:
+    """Every Arrow table of a map piece (rows, partials, late rows)."""
+    out = [t for k, t in piece.items() if k != COMBINED]
+    for mark in piece.get(COMBINED, {}).values():
+        if mark["late"] is not None:
+            out.append(mark["late"])
+    return out
+
+
+def hot_key(
+    layout: ShardLayout, exchanged: dict[tuple[int, int], pl.DataFrame], rows: int,
+    min_rows: int | None,
+) -> dict[str, Any] | None:
+    """The most frequent shard key among a shard's input rows (estimated from an
+    evenly spaced sample of at most ``HOT_KEY_SAMPLE`` rows), with its share of the
+    sample; ``None`` below ``min_rows`` rows or without a shard key."""
+    if min_rows is None or rows < min_rows or layout.mode != "hash":
+        return None
+    cols = list(layout.columns)
+    frame = max((f for f in exchanged.values() if all(c in f.columns for c in cols)),
+                key=lambda f: f.height, default=None)
+    if frame is None or not frame.height:
+        return None
+    sample = frame.select(cols).gather_every(max(1, frame.height // HOT_KEY_SAMPLE))
+    top = sample.group_by(cols).len().sort("len", descending=True, maintain_order=True).row(
+        0, named=True)
+    share = top.pop("len") / sample.height
+    return {"key": {c: _plain(v) for c, v in top.items()}, "share": round(share, 3)}
+
+
+def _plain(value: Any) -> Any:
+    """A key value as JSON can hold it."""
+    return value if value is None or isinstance(value, bool | int | float | str) else str(value)
+
+
 def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000, 3)
 
@@ -96,6 +148,7 @@ class ShardWorker:
         self.layout = layout
         self.frontier = frontier(self.plan)
         self.mapper = self._executor()
+        self.nodes = list(self.plan.walk())
         self.shards: dict[int, BatchExecutor] = {}
         self.state_root: str | None = None
 
@@ -122,12 +175,18 @@ class ShardWorker:
                 self.shards[shard] = executor
 
     def map(
-        self, inputs: dict[str, pa.Table], first_row: int, ctx: OperatorContext
+        self, inputs: dict[str, pa.Table], first_row: int, ctx: OperatorContext,
+        *, combine: bool = False,
     ) -> Any:
         """Stateless steps over a slice of the batch: ``(facts, piece of shard 0,
         piece of shard 1, ...)``, each piece the rows entering each exchange
         point; without stateful nodes, only ``facts``, whose ``"output"`` holds
-        the result."""
+        the result.
+
+        With ``combine``, a point feeding an aggregation whose partials merge
+        exactly (:meth:`WindowAggregate.combine_plan`) gets the slice's partials
+        per (window, keys) instead of its rows, with its late rows and facts
+        under ``piece[COMBINED][point]``."""
         fault_point("worker.map", ctx.batch_id)
         t0 = time.perf_counter()
         frames = {sid: from_wire(table) for sid, table in inputs.items()}
@@ -135,19 +194,45 @@ class ShardWorker:
             output = self.mapper.execute(frames, ctx)
             return {"output": to_wire(output), "watermarks": self._observed(self.mapper),
                     "late_rows": [to_wire(f) for f in ctx.late_rows], "busy_ms": _ms(t0),
-                    "rows": 0, "bytes": 0}
+                    "rows": 0, "bytes": 0, "routed_rows": []}
         exchanged = self.mapper.stateless_inputs(self.frontier, frames, ctx)
-        pieces: list[dict[tuple[int, int], pa.Table]] = [{} for _ in range(self.layout.shards)]
+        pieces: list[dict[Any, Any]] = [{} for _ in range(self.layout.shards)]
+        routed = [0] * self.layout.shards
         for point, frame in exchanged.items():
+            combiner = self._combiner(point) if combine else None
             for shard, part in enumerate(self.layout.split(frame, first_row)):
-                pieces[shard][point] = to_wire(part)
+                routed[shard] += part.height
+                got = None
+                if combiner is not None:
+                    visible = _visible(part)
+                    got = combiner.combine_slice(visible, ctx)
+                if got is None:
+                    pieces[shard][point] = to_wire(part)
+                    continue
+                partials, late, facts = got
+                pieces[shard][point] = to_wire(partials)
+                pieces[shard].setdefault(COMBINED, {})[point] = {
+                    "late": None if late is None else to_wire(late),
+                    "facts": facts,
+                    "schema": to_wire(visible.head(0)),
+                }
+        tables = [t for piece in pieces for t in _tables(piece)]
         facts = {
             "watermarks": self._observed(self.mapper),
             "busy_ms": _ms(t0),
-            "rows": sum(t.num_rows for piece in pieces for t in piece.values()),
-            "bytes": sum(t.nbytes for piece in pieces for t in piece.values()),
+            "rows": sum(t.num_rows for t in tables),
+            "bytes": sum(t.nbytes for t in tables),
+            "routed_rows": routed,
         }
         return (facts, *pieces)
+
+    def _combiner(self, point: tuple[int, int]) -> WindowAggregate | None:
+        """The operator at exchange point ``point`` when it can pre-aggregate."""
+        node = self.nodes[point[0]]
+        op = self.mapper.operator_at(point[0])
+        if not isinstance(node, StatefulNode) or node.keeps_hidden_columns:
+            return None
+        return op if isinstance(op, WindowAggregate) and len(node.children) == 1 else None
 
     @staticmethod
     def _observed(executor: BatchExecutor) -> list[Observation]:
@@ -156,7 +241,8 @@ class ShardWorker:
         return tracker.take()
 
     def reduce(
-        self, ctx: OperatorContext, pieces: dict[int, list[Any]], *, commit: bool = False
+        self, ctx: OperatorContext, pieces: dict[int, list[Any]], *, commit: bool = False,
+        hot_key_rows: int | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Each owned shard's operators over its pieces (object refs, in slice
         order): per shard, its output rows, late rows, metrics, watermark facts,
@@ -165,33 +251,70 @@ class ShardWorker:
         With ``commit``, every owned shard's state is then made version N+1
         (durably, before the answer): the driver's ``commits/N`` follows the
         answer, so a batch that does not reach it re-runs from version N, whose
-        load drops the orphaned N+1."""
+        load drops the orphaned N+1.
+
+        Pre-aggregated pieces (``map(..., combine=True)``) are merged first, for
+        every owned shard; when some cannot be merged exactly here (a float
+        column's magnitudes too far apart over the shard's rows, a slice that
+        shipped rows, a checkpoint whose state layout sums floats in row order)
+        the answer is ``{ROWS_NEEDED: {"reason": ...}}`` before any shard ran, and
+        the driver runs the batch again with rows. With ``hot_key_rows``, a shard
+        with at least that many input rows names its most frequent shard key."""
         import ray
 
         fault_point("worker.reduce", ctx.batch_id)
         out: dict[int, dict[str, Any]] = {}
+        fetched: dict[int, list[dict[Any, Any]]] = {
+            shard: ray.get(refs) for shard, refs in sorted(pieces.items())
+        }
+        inputs: dict[int, dict[tuple[int, int], pl.DataFrame]] = {}
+        for shard, got in fetched.items():
+            t0 = time.perf_counter()
+            inputs[shard] = {}
+            for point in self.frontier:
+                marks = [g.get(COMBINED, {}).get(point) for g in got]
+                if all(m is None for m in marks):
+                    inputs[shard][point] = pl.concat(
+                        [from_wire(g[point]) for g in got], how="vertical", rechunk=True)
+                    continue
+                op = self.shards[shard].operator_at(point[0])
+                assert isinstance(op, WindowAggregate)  # only its map side pre-aggregates
+                schema = from_wire(next(m for m in marks if m is not None)["schema"])
+                taken = all(m is not None for m in marks) and op.take_partials(
+                    schema.schema,
+                    [(from_wire(g[point]), m["facts"]) for g, m in zip(got, marks, strict=True)],
+                    [None if m["late"] is None else from_wire(m["late"]) for m in marks],
+                )
+                if not taken:
+                    for executor in self.shards.values():  # nothing ran: drop what was taken
+                        executor.abort()
+                    # "layout": this state cannot take partials (an older checkpoint's
+                    # layout); "data": these rows must be summed their other way
+                    why = "layout" if op.combine_plan(schema.schema) is None else "data"
+                    return {ROWS_NEEDED: {"reason": why}}
+                inputs[shard][point] = schema
+            fetched[shard] = [{"busy_ms": _ms(t0)}]
         with durability_level(self.durability):
-            for shard, refs in sorted(pieces.items()):
-                got: list[dict[tuple[int, int], pa.Table]] = ray.get(refs)
+            for shard in sorted(fetched):
                 t0 = time.perf_counter()
-                exchanged = {
-                    point: pl.concat([from_wire(g[point]) for g in got], how="vertical",
-                                     rechunk=True)
-                    for point in self.frontier
-                }
+                exchanged = inputs[shard]
                 shard_ctx = OperatorContext(
                     batch_id=ctx.batch_id, watermark_ms=ctx.watermark_ms,
                     timestamp_ms=ctx.timestamp_ms,
                 )
                 executor = self.shards[shard]
+                rows = sum(frame.height for frame in exchanged.values())
+                rows += sum(op.pending_rows() for op in executor.operators
+                            if hasattr(op, "pending_rows"))
                 output = executor.execute({}, shard_ctx, exchanged)
                 out[shard] = {
                     "output": to_wire(output),
                     "late_rows": [to_wire(f) for f in shard_ctx.late_rows],
                     "metrics": shard_ctx.metrics,
                     "watermarks": self._observed(executor),
-                    "rows": sum(frame.height for frame in exchanged.values()),
-                    "busy_ms": _ms(t0),
+                    "rows": rows,
+                    "hot_key": hot_key(self.layout, exchanged, rows, hot_key_rows),
+                    "busy_ms": round(_ms(t0) + fetched[shard][0]["busy_ms"], 3),
                 }
             if commit:
                 fault_point("worker.commit", ctx.batch_id)
