@@ -68,7 +68,7 @@ class ShardedRunner:
         max_worker_restarts: int,
         worker_timeout_s: float,
         combine: bool = True,
-        skew_alarm: float = 4.0,
+        skew_alarm: float = 2.0,
         skew_min_rows: int = 10_000,
     ) -> None:
         self.template = BatchExecutor(plan, output_mode=output_mode)
