@@ -315,10 +315,6 @@ class ShardedRunner:
                        for part in reduced]
         busiest = max((m + r + c for m, r, c in zip(map_busy, reduce_busy, commit_busy,
                                                     strict=True)), default=0.0)
-        shard_rows = [0] * self.layout.shards
-        for part in reduced:
-            for s, r in part.items():
-                shard_rows[s] = r.get("rows", 0)
         return {
             "exchange_ms": wall,
             "barrier_ms": round(max(wall - busiest, 0.0), 3),

@@ -72,6 +72,13 @@ COMBINED = "combined"
 """The key of a map piece holding its pre-aggregated points' late rows and facts."""
 ROWS_NEEDED = -1
 """The key of a reduce answer asking for the batch again with rows (no combiner)."""
+MAX_PARTIAL_SHARE = 0.5
+"""A slice's partial rows above this share of its rows: the rows travel instead
+(nearly one group per row: the partials, with their wider sums, are larger)."""
+MIN_COMBINE_ROWS = 64
+"""Slices with fewer rows always ship their partials (too few to judge)."""
+RETRY_COMBINE_EVERY = 16
+"""Batches between tries of a point whose partials did not pay."""
 HOT_KEY_SAMPLE = 8192
 """Rows of a shard's input sampled (evenly spaced) to name its most frequent key."""
 
@@ -149,6 +156,7 @@ class ShardWorker:
         self.frontier = frontier(self.plan)
         self.mapper = self._executor()
         self.nodes = list(self.plan.walk())
+        self.partial_share: dict[tuple[int, int], float] = {}
         self.shards: dict[int, BatchExecutor] = {}
         self.state_root: str | None = None
 
@@ -203,9 +211,14 @@ class ShardWorker:
             for shard, part in enumerate(self.layout.split(frame, first_row)):
                 routed[shard] += part.height
                 got = None
-                if combiner is not None:
-                    visible = _visible(part)
+                visible = _visible(part)
+                if combiner is not None and self._worth_combining(point, ctx.batch_id):
                     got = combiner.combine_slice(visible, ctx)
+                    if got is not None:
+                        share = got[0].height / max(part.height, 1)
+                        self.partial_share[point] = share
+                        if share > MAX_PARTIAL_SHARE and part.height >= MIN_COMBINE_ROWS:
+                            got = None  # as many groups as rows: the rows are smaller
                 if got is None:
                     pieces[shard][point] = to_wire(part)
                     continue
@@ -225,6 +238,13 @@ class ShardWorker:
             "routed_rows": routed,
         }
         return (facts, *pieces)
+
+    def _worth_combining(self, point: tuple[int, int], batch_id: int) -> bool:
+        """Whether to pre-aggregate at ``point`` this batch: not while the last
+        slices had nearly as many groups as rows, tried again every
+        ``RETRY_COMBINE_EVERY`` batches (the keys may repeat more later)."""
+        share = self.partial_share.get(point)
+        return share is None or share <= MAX_PARTIAL_SHARE or batch_id % RETRY_COMBINE_EVERY == 0
 
     def _combiner(self, point: tuple[int, int]) -> WindowAggregate | None:
         """The operator at exchange point ``point`` when it can pre-aggregate."""
@@ -258,8 +278,10 @@ class ShardWorker:
         column's magnitudes too far apart over the shard's rows, a slice that
         shipped rows, a checkpoint whose state layout sums floats in row order)
         the answer is ``{ROWS_NEEDED: {"reason": ...}}`` before any shard ran, and
-        the driver runs the batch again with rows. With ``hot_key_rows``, a shard
-        with at least that many input rows names its most frequent shard key."""
+        the driver runs the batch again with rows. Slices that shipped rows
+        beside others' partials (too many groups to pay) are pre-aggregated here.
+        With ``hot_key_rows``, a shard with at least that many input rows names
+        its most frequent shard key."""
         import ray
 
         fault_point("worker.reduce", ctx.batch_id)
@@ -280,11 +302,18 @@ class ShardWorker:
                 op = self.shards[shard].operator_at(point[0])
                 assert isinstance(op, WindowAggregate)  # only its map side pre-aggregates
                 schema = from_wire(next(m for m in marks if m is not None)["schema"])
-                taken = all(m is not None for m in marks) and op.take_partials(
-                    schema.schema,
-                    [(from_wire(g[point]), m["facts"]) for g, m in zip(got, marks, strict=True)],
-                    [None if m["late"] is None else from_wire(m["late"]) for m in marks],
-                )
+                parts, lates = [], []
+                for g, m in zip(got, marks, strict=True):
+                    if m is None:  # a slice that shipped rows: its partials here
+                        here = op.combine_slice(_visible(from_wire(g[point])), ctx)
+                        if here is None:
+                            break
+                        parts.append((here[0], here[2]))
+                        lates.append(here[1])
+                    else:
+                        parts.append((from_wire(g[point]), m["facts"]))
+                        lates.append(None if m["late"] is None else from_wire(m["late"]))
+                taken = len(parts) == len(got) and op.take_partials(schema.schema, parts, lates)
                 if not taken:
                     for executor in self.shards.values():  # nothing ran: drop what was taken
                         executor.abort()

@@ -169,12 +169,14 @@ COMBINER_ROWS = 6_000
 COMBINER_BATCH = 1_000
 
 
-def _combiner_rows(*, wide: bool = False) -> pl.DataFrame:
+def _combiner_rows(*, wide: bool = False, mixed: bool = False) -> pl.DataFrame:
     """Payments with many rows per key (20 cards and a null one), float amounts
     whose sums cancel (1e16 and -1e16 among cents: any other grouping of the
     additions changes the last bits), nulls in values, keys and event times, and
     late rows (event times minutes back). ``wide``: one row per batch of 1e-30
-    beside 1e30 (magnitudes no Int128 spans: the batch must ship rows)."""
+    beside 1e30 (magnitudes no Int128 spans: the batch must ship rows). ``mixed``:
+    the second half of every batch has a new card per row (that worker's slices
+    ship rows, pre-aggregated by the reduce beside the other worker's partials)."""
     import numpy as np
 
     rng = np.random.default_rng(32)
@@ -189,6 +191,9 @@ def _combiner_rows(*, wide: bool = False) -> pl.DataFrame:
     late = rng.random(n) < 0.02
     t[late] -= 120_000
     card = rng.integers(0, 20, n)
+    if mixed:
+        second_half = (np.arange(n) % COMBINER_BATCH) >= COMBINER_BATCH // 2
+        card[second_half] = 1_000 + np.arange(n)[second_half]
     return pl.DataFrame({
         "card_id": pl.Series(card, dtype=pl.Int64).scatter(np.flatnonzero(rng.random(n) < 0.03),
                                                            None),
@@ -241,15 +246,16 @@ def _window_first(src: mb.Stream) -> mb.Stream:
 
 
 COMBINER_CASES = {
-    # name: (build, output mode, wide magnitudes, combined: exchanged rows per input row)
-    "window_append": (_window_all, "append", False, True),
+    # name: (build, output mode, data, combined: exchanged rows per input row)
+    "window_append": (_window_all, "append", "", True),
     # a keyed store (update mode) sums floats in row order: those rows travel
-    "window_update_floats": (_window_all, "update", False, False),
-    "hopping_update_ints": (_window_ints, "update", False, True),
-    "keyed_ints": (_keyed_ints, "update", False, True),
-    "keyed_float_sum": (_keyed_float_sum, "update", False, False),
-    "window_first": (_window_first, "append", False, False),
-    "wide_magnitudes": (_window_all, "append", True, False),
+    "window_update_floats": (_window_all, "update", "", False),
+    "hopping_update_ints": (_window_ints, "update", "", True),
+    "keyed_ints": (_keyed_ints, "update", "", True),
+    "keyed_float_sum": (_keyed_float_sum, "update", "", False),
+    "window_first": (_window_first, "append", "", False),
+    "wide_magnitudes": (_window_all, "append", "wide", False),
+    "mixed_slices": (_window_all, "append", "mixed", None),
 }
 
 
@@ -268,8 +274,9 @@ def _combiner_run(build, mode: str, rows: pl.DataFrame, executor: mb.RayExecutor
 
 @pytest.mark.parametrize("case", COMBINER_CASES, ids=COMBINER_CASES.keys())
 def test_combiner_gives_the_local_result_bit_for_bit(ray_cluster: str, case: str) -> None:
-    build, mode, wide, combined = COMBINER_CASES[case]
-    rows = _combiner_rows(wide=wide)
+    build, mode, data, combined = COMBINER_CASES[case]
+    wide = data == "wide"
+    rows = _combiner_rows(wide=wide, mixed=data == "mixed")
     # NOTE: with magnitudes no Int128 spans, one process sums the whole batch in row
     # order while a shard that lacks those rows sums its own exactly: Ray then differs
     # from one process in the last bits with or without the combiner (known, not of
@@ -288,6 +295,8 @@ def test_combiner_gives_the_local_result_bit_for_bit(ray_cluster: str, case: str
         # every batch holds 1e-30 and 1e30: its shard cannot merge the partials
         # exactly, so the batch runs again with rows (and gives the same bits)
         assert [p["combined"] for p in profiles] == [False] * len(profiles)
+    elif combined is None:  # one worker's slices pre-aggregated, the other's not
+        assert all(COMBINER_BATCH / 4 < x < COMBINER_BATCH * 0.9 for x in exchanged), exchanged
     elif combined:
         # at most one partial row per (window, card) per slice, not one per row
         assert max(exchanged) < COMBINER_BATCH / 4, exchanged
