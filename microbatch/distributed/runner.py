@@ -238,13 +238,15 @@ class ShardedRunner:
             # facts and the reduces' answers together. Each reduce also commits its
             # shards' state as version N+1 before answering (see commit()).
             owned = self._owned()
-            reduces = [
-                actor.reduce.remote(
-                    ctx, {s: [m[1 + s] for m in mapped] for s in owned[w]}, commit=True,
-                    hot_key_rows=self.skew_min_rows,
-                )
-                for w, actor in enumerate(self.actors)
-            ]
+            # NOTE: the pieces as top-level arguments: Ray starts each reduce once its
+            # pieces exist and hands them over resolved (small ones inline in the task)
+            reduces = []
+            for w, actor in enumerate(self.actors):
+                refs = [m[1 + s] for s in owned[w] for m in mapped]
+                positions = {s: [i * workers + k for k in range(workers)]
+                             for i, s in enumerate(owned[w])}
+                reduces.append(actor.reduce.remote(
+                    ctx, positions, *refs, commit=True, hot_key_rows=self.skew_min_rows))
             answers = self._get([m[0] for m in mapped] + reduces)
             facts, reduced = answers[:workers], answers[workers:]
             asked = [part[ROWS_NEEDED] for part in reduced if ROWS_NEEDED in part]

@@ -261,12 +261,14 @@ class ShardWorker:
         return tracker.take()
 
     def reduce(
-        self, ctx: OperatorContext, pieces: dict[int, list[Any]], *, commit: bool = False,
-        hot_key_rows: int | None = None,
+        self, ctx: OperatorContext, pieces: dict[int, list[Any]], *resolved: Any,
+        commit: bool = False, hot_key_rows: int | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Each owned shard's operators over its pieces (object refs, in slice
-        order): per shard, its output rows, late rows, metrics, watermark facts,
-        the rows that entered it and its busy time.
+        order; or positions in ``resolved``, pieces passed as top-level arguments,
+        which Ray hands over resolved: no fetch from here): per shard, its
+        output rows, late rows, metrics, watermark facts, the rows that entered
+        it and its busy time.
 
         With ``commit``, every owned shard's state is then made version N+1
         (durably, before the answer): the driver's ``commits/N`` follows the
@@ -287,7 +289,8 @@ class ShardWorker:
         fault_point("worker.reduce", ctx.batch_id)
         out: dict[int, dict[str, Any]] = {}
         fetched: dict[int, list[dict[Any, Any]]] = {
-            shard: ray.get(refs) for shard, refs in sorted(pieces.items())
+            shard: [resolved[i] for i in refs] if resolved else ray.get(refs)
+            for shard, refs in sorted(pieces.items())
         }
         inputs: dict[int, dict[tuple[int, int], pl.DataFrame]] = {}
         for shard, got in fetched.items():

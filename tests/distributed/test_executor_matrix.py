@@ -231,11 +231,6 @@ def _keyed_ints(src: mb.Stream) -> mb.Stream:
         pl.col("cents").min().alias("lo"), pl.col("cents").max().alias("hi"))
 
 
-def _keyed_float_sum(src: mb.Stream) -> mb.Stream:
-    # in a keyed store floats are summed in row order: the rows must travel
-    return src.group_by("card_id").agg(pl.col("amount").sum().alias("total"))
-
-
 def _window_first(src: mb.Stream) -> mb.Stream:
     # first/last by arrival: not decomposable, the rows must travel
     return (
@@ -252,7 +247,6 @@ COMBINER_CASES = {
     "window_update_floats": (_window_all, "update", "", False),
     "hopping_update_ints": (_window_ints, "update", "", True),
     "keyed_ints": (_keyed_ints, "update", "", True),
-    "keyed_float_sum": (_keyed_float_sum, "update", "", False),
     "window_first": (_window_first, "append", "", False),
     "wide_magnitudes": (_window_all, "append", "wide", False),
     "mixed_slices": (_window_all, "append", "mixed", None),
@@ -300,17 +294,7 @@ def test_combiner_gives_the_local_result_bit_for_bit(ray_cluster: str, case: str
     elif combined:
         # at most one partial row per (window, card) per slice, not one per row
         assert max(exchanged) < COMBINER_BATCH / 4, exchanged
+        batch_bytes = rows.head(COMBINER_BATCH).to_arrow().nbytes
+        assert max(p["exchanged_bytes"] for p in profiles) * 3 < batch_bytes
     else:
         assert min(exchanged) >= COMBINER_BATCH * 0.9, exchanged
-
-
-def test_combiner_off_ships_rows_and_gives_the_same_result(ray_cluster: str) -> None:
-    rows = _combiner_rows()
-    on, _, with_combiner = _combiner_run(
-        _window_all, "append", rows, mb.RayExecutor(workers=2, address=ray_cluster, shards=3))
-    off, _, without = _combiner_run(
-        _window_all, "append", rows,
-        mb.RayExecutor(workers=2, address=ray_cluster, shards=3, combine=False))
-    _assert_same(on, off, "combine on/off")
-    assert sum(p["exchanged_bytes"] for p in with_combiner) * 4 < sum(
-        p["exchanged_bytes"] for p in without)
