@@ -208,15 +208,19 @@ class ShardWorker:
         routed = [0] * self.layout.shards
         for point, frame in exchanged.items():
             combiner = self._combiner(point) if combine else None
+            if combiner is not None and not self._worth_combining(point, ctx.batch_id):
+                combiner = None
+            tried = [0, 0]  # partial rows, rows: the point's share, for the next batches
             for shard, part in enumerate(self.layout.split(frame, first_row)):
                 routed[shard] += part.height
                 got = None
                 visible = _visible(part)
-                if combiner is not None and self._worth_combining(point, ctx.batch_id):
+                if combiner is not None:
                     got = combiner.combine_slice(visible, ctx)
                     if got is not None:
+                        tried[0] += got[0].height
+                        tried[1] += part.height
                         share = got[0].height / max(part.height, 1)
-                        self.partial_share[point] = share
                         if share > MAX_PARTIAL_SHARE and part.height >= MIN_COMBINE_ROWS:
                             got = None  # as many groups as rows: the rows are smaller
                 if got is None:
@@ -229,6 +233,8 @@ class ShardWorker:
                     "facts": facts,
                     "schema": to_wire(visible.head(0)),
                 }
+            if tried[1]:
+                self.partial_share[point] = tried[0] / tried[1]
         tables = [t for piece in pieces for t in _tables(piece)]
         facts = {
             "watermarks": self._observed(self.mapper),
