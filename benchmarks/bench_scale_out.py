@@ -8,16 +8,19 @@ with 1, 2 and 4 workers, 2 shards per worker) runs ``--warm`` batches, then
 ``group_by`` over all the measured rows at once.
 
 Per-batch overhead of Ray = Ray's median minus local's, and where it goes:
-``map_ms`` / ``reduce_ms`` / ``commit_ms`` are the driver's wall time of each
-phase, ``busy`` the workers' own compute time in them (the rest is the
-barrier: transfer, serialization, scheduling).
+``exchange`` is the driver's wall time of the batch's one exchange (map,
+reduce and the shards' state commit, launched at once), ``busy`` the busiest
+worker's own compute time in it, ``barrier`` the difference (dispatch,
+transfer, serialization, waiting for the slowest slice). ``exchanged`` is
+what crossed between workers with the map-side combiner, and without it
+(``ray-2-rows``: ``RayExecutor(combine=False)``).
 
 The scaling model (printed last) extrapolates from the 1-worker records
 (the only run that is not contended on 2 cores): a batch costs ``driver``
 (plan, write-ahead, read, sink, commit log; serial) + ``barrier(1)`` (the
 phases' wall time beyond the worker's compute: dispatch, Arrow transfer,
-slicing and gathering on the driver) + ``3 * c * (W - 1)`` (each of the 3
-round trips pays ``c`` more per worker, ``c`` measured here on trivial calls)
+slicing and gathering on the driver) + ``c * (W - 1)`` (the one
+round trip pays ``c`` more per worker, ``c`` measured here on trivial calls)
 + ``work / W`` (the worker's compute of map, reduce and state commit, assumed
 to split evenly: no key skew, shards >= W, one worker per core, a network as
 fast as loopback for the rows exchanged).
@@ -55,7 +58,7 @@ from microbatch.frames import collect
 
 CARDS = 10_000
 SIZES = (1_000, 100_000, 1_000_000)
-EXECUTORS = ("local", "ray-1", "ray-2", "ray-4")
+EXECUTORS = ("local", "ray-1", "ray-2", "ray-2-rows", "ray-4")
 SCHEMA = {"card_id": pl.Int64, "event_time": pl.Datetime("ms", "UTC"), "amount": pl.Float64}
 
 
@@ -84,8 +87,9 @@ def run(executor: str, frames: list[pl.DataFrame], warm: int) -> list[dict[str, 
     """The progress records of the measured batches."""
     rows = frames[0].height
     src = mb.read_memory(schema=SCHEMA, max_records_per_batch=rows)
+    workers = 0 if executor == "local" else int(executor.split("-")[1])
     ex = None if executor == "local" else mb.RayExecutor(
-        workers=int(executor.split("-")[1]), shards=2 * int(executor.split("-")[1]))
+        workers=workers, shards=2 * workers, combine=not executor.endswith("-rows"))
     name = f"scale_{executor}_{rows}_{time.monotonic_ns()}"
     q = query(src).write_memory(name).start(tempfile.mkdtemp(prefix="mb-scale-"),
                                             trigger="0s", executor=ex)
@@ -188,24 +192,24 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
         "sink": median([x.get("sink", 0.0) for x in d]),
     }
     if any(ex):
-        busy = [sum(e.get("map_busy_ms", [])) + sum(e.get("shard_busy_ms", []))
-                + sum(e.get("commit_busy_ms", [])) for e in ex]
-        phases = [e.get("map_ms", 0) + e.get("reduce_ms", 0) + e.get("commit_ms", 0)
-                  for e in ex]
+        # the busiest worker (they run side by side) and all of them (the work that splits)
+        per_worker = [[m + r + c for m, r, c in zip(e["map_busy_ms"], e["reduce_busy_ms"],
+                                                     e["commit_busy_ms"], strict=True)]
+                      for e in ex]
         out.update(
-            map=median([e.get("map_ms", 0.0) for e in ex]),
-            reduce=median([e.get("reduce_ms", 0.0) for e in ex]),
-            wcommit=median([e.get("commit_ms", 0.0) for e in ex]),
-            busy=median(busy),
-            phases=median(phases),
+            exchange=median([e["exchange_ms"] for e in ex]),
+            barrier=median([e["barrier_ms"] for e in ex]),
+            busy=median([max(w) for w in per_worker]),
+            work=median([sum(w) for w in per_worker]),
+            wcommit=median([max(e["commit_busy_ms"]) for e in ex]),
             exchanged_mb=median([e.get("exchanged_bytes", 0) / 1e6 for e in ex]),
+            skew=median([e.get("skew") or 0.0 for e in ex]),
         )
     return out
 
 
 HEADER = ("rows/batch", "executor", "ms/batch", "rows/s", "vs local", "vs one-shot", "execute",
-          "state commit", "Ray overhead", "map / reduce / commit (wall)", "workers busy",
-          "exchanged")
+          "Ray overhead", "exchange (wall)", "busiest worker", "barrier", "exchanged", "skew")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--source", choices=("memory", "files"), default="memory",
                         help="files: who reads a file source, the driver or the workers")
+    parser.add_argument("--executors", default=",".join(EXECUTORS))
     args = parser.parse_args(argv)
     import ray
 
@@ -229,27 +234,26 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, Polars {pl.__version__}, "
           f"Ray {ray.__version__}; medians of {args.reps} batches after {args.warm} warm")
     print()
-    print("\n".join(markdown_table(HEADER, [], align="rlrrrrrrrlrr")))
+    print("\n".join(markdown_table(HEADER, [], align="rlrrrrrrrrrr")))
     model: dict[str, dict[str, float]] = {}
     for size in map(int, args.sizes.split(",")):
         count = args.warm + args.reps
         frames = batches(size, count, seed=size)
         limit = one_shot_rows_per_s(frames[args.warm:])
         local_ms = None
-        for executor in EXECUTORS:
+        for executor in args.executors.split(","):
             s = summarize(run(executor, frames, args.warm))
             if executor == "local":
                 local_ms = s["ms"]
             rows_per_s = rate(size, s["ms"] / 1000)
             over = "" if local_ms is None or executor == "local" else f"{s['ms'] - local_ms:+.1f}"
-            phases = (f"{s['map']:.1f} / {s['reduce']:.1f} / {s['wcommit']:.1f}"
-                      if "map" in s else "")
-            busy = f"{s['busy']:.1f}" if "busy" in s else ""
-            moved = f"{s['exchanged_mb']:.1f} MB" if "exchanged_mb" in s else ""
+            cell = {k: f"{s[k]:.1f}" if k in s else "" for k in ("exchange", "busy", "barrier")}
+            moved = f"{s['exchanged_mb'] * 1000:,.0f} kB" if "exchanged_mb" in s else ""
             print(markdown_row((
                 f"{size:,}", executor, f"{s['ms']:.1f}", f"{rows_per_s:,.0f}",
                 f"{(local_ms or s['ms']) / s['ms']:.2f}", f"{ratio(rows_per_s, limit):.3f}",
-                f"{s['execute']:.1f}", f"{s['commit']:.1f}", over, phases, busy, moved)),
+                f"{s['execute']:.1f}", over, cell["exchange"], cell["busy"], cell["barrier"],
+                moved, f"{s['skew']:.2f}" if "skew" in s else "")),
                 flush=True)
             model[f"{size}:{executor}"] = s
     print()
@@ -280,8 +284,8 @@ def fan_out_ms_per_worker() -> float:
     return max((four - one) / 3, 0.0)
 
 
-PHASES = 3
-"""Round trips per batch: map, reduce, commit."""
+PHASES = 1
+"""Round trips per batch: one exchange (map, reduce and state commit at once)."""
 
 
 def print_model(model: dict[str, dict[str, float]], sizes: list[int]) -> None:
@@ -300,9 +304,9 @@ def print_model(model: dict[str, dict[str, float]], sizes: list[int]) -> None:
         # NOTE: one worker runs uncontended: its busy time is the work that splits; the
         # phases' wall time beyond it is the barrier (dispatch, Arrow transfer, slicing
         # and gathering on the driver); the rest of the batch is the driver's own steps
-        driver = max(one["ms"] - one["execute"] - one["wcommit"], 0.0)
-        work = one["busy"]
-        barrier1 = one["phases"] - work
+        driver = max(one["ms"] - one["execute"], 0.0)
+        work = one["work"]
+        barrier1 = one["barrier"]
         cells = []
         for cores in (4, 16, 64):
             t = driver + barrier1 + PHASES * c * (cores - 1) + work / cores

@@ -57,6 +57,17 @@ class RayExecutor:
         batch's recorded range as one split per worker and no row crosses it,
         for sources that can be split (files with a schema, Delta tables); the
         driver reads the others, and every source with ``False``.
+    combine
+        Pre-aggregate on the map side before the shuffle (window and keyed
+        ``group_by`` aggregates whose partials merge exactly: ``len``, ``count``,
+        integer ``sum``/``min``/``max``, and float ``sum``/``mean`` of append-mode
+        windows): rows exchanged fall with distinct keys instead of rows; the
+        results are bit for bit those of shipping rows. ``False`` ships rows.
+    skew_alarm
+        Max/mean rows per shard above which a batch logs a WARNING naming the
+        hottest shard's most frequent key (``skew_alarm`` in progress), when that
+        shard had at least ``skew_min_rows`` rows. Max/mean is at most the
+        shard count (every row in one shard); hashing many keys gives ~1.1-1.3.
     """
 
     workers: int = 2
@@ -65,6 +76,9 @@ class RayExecutor:
     max_worker_restarts: int = 3
     worker_timeout: float = 300.0
     worker_reads: bool = True
+    combine: bool = True
+    skew_alarm: float = 2.0
+    skew_min_rows: int = 10_000
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -90,6 +104,9 @@ class RayExecutor:
             max_worker_restarts=self.max_worker_restarts,
             worker_timeout_s=self.worker_timeout,
             worker_reads=self.worker_reads,
+            combine=self.combine,
+            skew_alarm=self.skew_alarm,
+            skew_min_rows=self.skew_min_rows,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -1,19 +1,26 @@
 """The driver's side of a scaled-out query: one batch across Ray workers.
 
-Per batch (step 4 of the lifecycle, and the state part of step 6)::
+Per batch (step 4 of the lifecycle, and the state part of step 6), one
+exchange: the driver launches every task at once and waits once::
 
     map      every worker: its split of each source, read by itself (the driver
              planned one split per worker from the recorded range), or a
              contiguous slice of rows the driver read -> the stateless steps
-             -> rows entering the stateful nodes, cut by shard
-    fold     the driver folds every worker's watermark facts into its tracker
-    reduce   every worker, for each shard it owns: the pieces of all slices,
-             in slice order -> the shard's operators -> output rows
-    gather   output rows in shard order (late rows and metrics alike); when the
-             sink gave a write task (:meth:`ShardedRunner.execute_writing`),
-             the workers wrote the rows as the sink's files in reduce, and only
-             the files' descriptions come back, for the driver's sink commit
-    commit   (after the driver's sink) every worker commits its shards' state
+             -> rows entering the stateful nodes, cut by shard (pre-aggregated
+             per window and key where the partials merge exactly)
+    reduce   every worker, for each shard it owns: the pieces of all slices
+             (object refs, resolved worker to worker), in slice order -> the
+             shard's operators -> output rows (or, given the sink's write task,
+             the sink's data files written here); then the shard's state is
+             committed as version N+1 (durably) before the answer
+    gather   the maps' watermark facts and the reduces' answers together;
+             output rows in shard order (late rows and metrics alike), or the
+             files' descriptions, for the driver's sink commit
+
+``commit()`` is then a no-op on the workers: the engine writes ``commits/N``
+after the sink, and a batch that does not reach ``commits/N`` re-runs from
+version N, whose load drops the orphaned N+1 (the version rule of
+``statestore/contract.py``); ``abort()`` reloads version N on every worker.
 
 A worker that dies or stops answering anywhere in a batch is replaced; the
 new set of workers loads every shard's last committed state and the batch is
@@ -39,7 +46,7 @@ import polars as pl
 from microbatch.distributed.cluster import RayConnection
 from microbatch.distributed.sharding import ShardLayout, bind_layout, frontier
 from microbatch.distributed.shipping import dumps_plan
-from microbatch.distributed.worker import ShardWorker, from_wire, to_wire
+from microbatch.distributed.worker import ROWS_NEEDED, ShardWorker, from_wire, to_wire
 from microbatch.engine.batch_executor import BatchExecutor
 from microbatch.engine.durability import Durability
 from microbatch.engine.split_reads import BatchInputs, splits_for
@@ -73,6 +80,9 @@ class ShardedRunner:
         max_worker_restarts: int,
         worker_timeout_s: float,
         worker_reads: bool = True,
+        combine: bool = True,
+        skew_alarm: float = 2.0,
+        skew_min_rows: int = 10_000,
     ) -> None:
         self.template = BatchExecutor(plan, output_mode=output_mode)
         self.tracker = self.template.tracker
@@ -87,6 +97,9 @@ class ShardedRunner:
         self.plan_blob = dumps_plan(plan)
         self.max_worker_restarts = max_worker_restarts
         self.worker_timeout_s = worker_timeout_s
+        self.combine = combine
+        self.skew_alarm = skew_alarm
+        self.skew_min_rows = skew_min_rows
         self.state_root: Path | None = None
         self.batch_id = 0
         self.actors: list[Any] = []
@@ -165,36 +178,20 @@ class ShardedRunner:
         return self._with_replacement("execute", ctx.batch_id, run)
 
     def commit(self) -> None:
+        """Batch N's state is already version N+1 on every shard: each reduce
+        committed it, durably, before answering (no round trip here). The engine
+        writes ``commits/N`` after this returns, so a crash before that re-runs
+        batch N, which loads version N and drops the orphaned N+1."""
         batch_id = self.batch_id if self._last is None else self._last[1].batch_id
-
-        def commit_all() -> None:
-            t0 = time.perf_counter()
-            done = self._get([a.commit.remote(batch_id) for a in self.actors])
-            self._metrics = {s: m for part in done for s, m in part["metrics"].items()}
-            self.profile["commit_ms"] = _ms(t0)
-            self.profile["commit_busy_ms"] = [part["busy_ms"] for part in done]
-
-        def again() -> None:  # new workers: run the batch again, then commit
-            if self._last is not None:
-                inputs, ctx = self._last
-                # NOTE: a fresh context: the batch's late rows and metrics are already counted
-                self._execute(inputs, OperatorContext(batch_id=ctx.batch_id,
-                                                      watermark_ms=ctx.watermark_ms,
-                                                      timestamp_ms=ctx.timestamp_ms))
-            commit_all()
-
-        try:
-            commit_all()
-        except _WorkerLost as lost:
-            self._replace(batch_id, lost)
-            self._with_replacement("commit", batch_id, again)
         self._last = None
         self.batch_id = batch_id + 1
 
     def abort(self) -> None:
+        """Every shard back to version N (the reduce may have committed N+1):
+        the workers reload the last committed state, as new workers would."""
         self._last = None
         try:
-            self._get([a.abort.remote() for a in self.actors])
+            self._get([a.abort.remote(self.batch_id) for a in self.actors])
         except _WorkerLost as lost:  # new workers load the committed state anyway
             failure = lost
             self._with_replacement("abort", self.batch_id,
@@ -246,6 +243,31 @@ class ShardedRunner:
         self, inputs: BatchInputs, ctx: OperatorContext,
         write_task: WriteTask | None = None,
     ) -> pl.DataFrame | WrittenBatch:
+        combine = self.combine and bool(self.frontier)
+        got = self._exchange(inputs, ctx, combine=combine, write_task=write_task)
+        if got is None:  # a shard could not merge the partials exactly: rows, this once
+            self._get([a.abort.remote(ctx.batch_id) for a in self.actors])
+            got = self._exchange(inputs, ctx, combine=False, write_task=write_task)
+            assert got is not None
+        output, late, observed, metrics, profile, reads = got
+        if inputs.on_workers:
+            gather_reads(inputs, reads)
+        for node_id, maxima in observed:  # max is order-free: any fold order gives one value
+            self.tracker.fold(node_id, maxima, ctx.timestamp_ms)
+        ctx.late_rows.extend(late)
+        ctx.metrics.update(merge_metrics(metrics))
+        self.profile = profile
+        return output
+
+    def _exchange(
+        self, inputs: BatchInputs, ctx: OperatorContext, *, combine: bool,
+        write_task: WriteTask | None,
+    ) -> tuple[pl.DataFrame | WrittenBatch, list[pl.DataFrame], list[Any],
+               list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]] | None:
+        """One exchange of the batch: the output (rows, or with ``write_task`` the
+        files the workers wrote), late rows, watermark facts, per-shard metrics,
+        the profile and what each worker read of its splits; ``None`` when a
+        reduce asks for rows."""
         workers = len(self.actors)
         slices = {sid: [to_wire(part) for part in slices_of(frame, workers)]
                   for sid, frame in inputs.frames.items()}
@@ -258,56 +280,123 @@ class ShardedRunner:
         mapped = [
             actor.map.options(num_returns=returns).remote(
                 {sid: parts[w] for sid, parts in slices.items()}, starts[w], ctx,
-                write_task=write_task,
+                combine=combine, write_task=write_task,
                 **({"splits": splits_for(inputs, w), "partitions": inputs.partitions}
                    if inputs.on_workers else {}),
             )
             for w, actor in enumerate(self.actors)
         ]
         mapped = [m if isinstance(m, list) else [m] for m in mapped]
-        facts = self._get([m[0] for m in mapped])
-        profile: dict[str, Any] = {
-            "map_ms": _ms(t0),
-            "map_busy_ms": [f["busy_ms"] for f in facts],
-            "exchanged_rows": sum(f["rows"] for f in facts),
-            "exchanged_bytes": sum(f["bytes"] for f in facts),
-            "reads": "workers" if inputs.on_workers else "driver",
-            "shipped_bytes": sum(t.nbytes for parts in slices.values() for t in parts),
-        }
-        if inputs.on_workers:
-            gather_reads(inputs, [f["read"] for f in facts])
-            profile["read_busy_ms"] = [f["read"]["busy_ms"] for f in facts]
-            profile["read_bytes"] = sum(
-                split.size_hint for splits in inputs.splits.values() for split in splits)
-        t1 = time.perf_counter()
-        observed = [obs for fact in facts for obs in fact["watermarks"]]
+        metrics: list[dict[str, Any]] = []
         if not self.frontier:
-            output = self._gather(facts, write_task, ctx.batch_id, profile)
+            facts = self._get([m[0] for m in mapped])
             late = [from_wire(frame) for f in facts for frame in f["late_rows"]]
-            metrics: list[dict[str, Any]] = []
+            observed = [obs for fact in facts for obs in fact["watermarks"]]
+            profile = self._profile(t0, facts, [{} for _ in facts])
+            output = self._gather(facts, write_task, ctx.batch_id, profile)
         else:
+            # NOTE: one exchange: every reduce is launched now with the map pieces' refs
+            # (Ray moves them worker to worker); the driver waits once, for the maps'
+            # facts and the reduces' answers together. Each reduce also commits its
+            # shards' state as version N+1 before answering (see commit()).
             owned = self._owned()
-            reduced = self._get([
-                actor.reduce.remote(
-                    ctx, {s: [m[1 + s] for m in mapped] for s in owned[w]},
-                    write_task=write_task,
-                )
-                for w, actor in enumerate(self.actors)
-            ])
+            # NOTE: the pieces as top-level arguments: Ray starts each reduce once its
+            # pieces exist and hands them over resolved (small ones inline in the task)
+            reduces = []
+            for w, actor in enumerate(self.actors):
+                refs = [m[1 + s] for s in owned[w] for m in mapped]
+                positions = {s: [i * workers + k for k in range(workers)]
+                             for i, s in enumerate(owned[w])}
+                reduces.append(actor.reduce.remote(
+                    ctx, positions, *refs, commit=True, hot_key_rows=self.skew_min_rows,
+                    write_task=write_task))
+            answers = self._get([m[0] for m in mapped] + reduces)
+            facts, reduced = answers[:workers], answers[workers:]
+            asked = [part[ROWS_NEEDED] for part in reduced if ROWS_NEEDED in part]
+            if asked:
+                if any(a["reason"] == "layout" for a in asked):
+                    self.combine = False  # this checkpoint's state cannot take partials
+                log.info("batch %d: partials could not be merged exactly (%s); the batch "
+                         "runs again with rows", ctx.batch_id, asked[0]["reason"])
+                return None
             by_shard = {s: r for part in reduced for s, r in part.items()}
             ordered = [by_shard[s] for s in sorted(by_shard)]
-            output = self._gather(ordered, write_task, ctx.batch_id, profile)
             late = [from_wire(frame) for r in ordered for frame in r["late_rows"]]
+            observed = [obs for fact in facts for obs in fact["watermarks"]]
             observed += [obs for r in ordered for obs in r["watermarks"]]
             metrics = [r["metrics"] for r in ordered]
-            profile["reduce_ms"] = _ms(t1)
-            profile["shard_busy_ms"] = [r["busy_ms"] for r in ordered]
-        for node_id, maxima in observed:  # max is order-free: any fold order gives one value
-            self.tracker.fold(node_id, maxima, ctx.timestamp_ms)
-        ctx.late_rows.extend(late)
-        ctx.metrics.update(merge_metrics(metrics))
-        self.profile = profile
-        return output
+            self._metrics = {s: r["state"] for s, r in by_shard.items() if "state" in r}
+            profile = self._profile(t0, facts, reduced)
+            profile["combined"] = combine
+            profile.update(self._skew(ctx.batch_id, by_shard, facts))
+            output = self._gather(ordered, write_task, ctx.batch_id, profile)
+        profile["reads"] = "workers" if inputs.on_workers else "driver"
+        profile["shipped_bytes"] = sum(t.nbytes for parts in slices.values() for t in parts)
+        reads = [f["read"] for f in facts] if inputs.on_workers else []
+        if inputs.on_workers:
+            profile["read_busy_ms"] = [r["busy_ms"] for r in reads]
+            profile["read_bytes"] = sum(
+                split.size_hint for splits in inputs.splits.values() for split in splits)
+        return output, late, observed, metrics, profile, reads
+
+    def _skew(
+        self, batch_id: int, by_shard: dict[int, dict[str, Any]], facts: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Rows per shard (entering its operators: partial rows where the map
+        side pre-aggregated), their max/mean, and the alarm naming the hottest
+        shard's most frequent key when max/mean exceeds ``skew_alarm`` with at
+        least ``skew_min_rows`` rows in that shard (hash-sharded queries only)."""
+        rows = [by_shard[s]["rows"] if s in by_shard else 0 for s in range(self.layout.shards)]
+        routed = [sum(f["routed_rows"][s] for f in facts) for s in range(self.layout.shards)]
+        mean = sum(rows) / len(rows) if rows else 0.0
+        hot = max(range(len(rows)), key=lambda s: rows[s]) if rows else 0
+        skew = round(rows[hot] / mean, 3) if mean else None
+        key = by_shard.get(hot, {}).get("hot_key")
+        alarm = None
+        if (
+            skew is not None and skew > self.skew_alarm and rows[hot] >= self.skew_min_rows
+            and self.layout.mode == "hash"
+        ):
+            named = ("" if key is None else "; its most frequent key is " + ", ".join(
+                f"{c}={v!r}" for c, v in key["key"].items()) + f" ({key['share']:.0%} of a "
+                "sample of its rows)")
+            alarm = (f"shard {hot} took {skew:.1f}x the mean rows per shard ({rows[hot]:,} "
+                     f"of {sum(rows):,} rows){named}. A hot key loads one worker: "
+                     "pre-aggregation (decomposable aggregates) bounds it to one partial "
+                     "row per worker; otherwise spread the key (e.g. add a salt column to "
+                     "the group and aggregate again downstream)")
+            log.warning("batch %d: %s", batch_id, alarm)
+        return {
+            "shard_rows": rows,
+            "routed_rows": routed,
+            "skew": skew,
+            "hot_shard": hot,
+            "hot_key": None if key is None else key["key"],
+            "skew_alarm": alarm,
+        }
+
+    def _profile(
+        self, t0: float, facts: list[dict[str, Any]], reduced: list[dict[int, dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """The batch's distributed part: its wall time on the driver, each worker's
+        busy time (map, reduce, state commit) and the barrier between them."""
+        wall = _ms(t0)
+        map_busy = [f["busy_ms"] for f in facts]
+        reduce_busy = [round(sum(r["busy_ms"] for r in part.values()), 3) for part in reduced]
+        commit_busy = [round(sum(r.get("commit_ms", 0.0) for r in part.values()), 3)
+                       for part in reduced]
+        busiest = max((m + r + c for m, r, c in zip(map_busy, reduce_busy, commit_busy,
+                                                    strict=True)), default=0.0)
+        return {
+            "exchange_ms": wall,
+            "barrier_ms": round(max(wall - busiest, 0.0), 3),
+            "map_busy_ms": map_busy,
+            "reduce_busy_ms": reduce_busy,
+            "commit_busy_ms": commit_busy,
+            "shard_busy_ms": [r["busy_ms"] for part in reduced for _, r in sorted(part.items())],
+            "exchanged_rows": sum(f["rows"] for f in facts),
+            "exchanged_bytes": sum(f["bytes"] for f in facts),
+        }
 
     @staticmethod
     def _gather(

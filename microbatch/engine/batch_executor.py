@@ -117,6 +117,11 @@ class BatchExecutor:
     def has_state(self) -> bool:
         return bool(self.operators)
 
+    def operator_at(self, position: int) -> StatefulOperator:
+        """The operator of the stateful node at ``position`` in ``plan.walk()``."""
+        node = list(self.plan.walk())[position]
+        return self._ops[id(node)]
+
     def open(self, state_root: Path | None, batch_id: int) -> None:
         """Bind operators to their state directories before batch ``batch_id``."""
         if state_root is not None:

@@ -89,6 +89,7 @@ class SplitRunner(Protocol):
     def execute_splits(self, inputs: BatchInputs, ctx: OperatorContext) -> pl.DataFrame: ...
 
 
+@runtime_checkable
 class FileWritingRunner(Protocol):
     """A runner whose workers can write the sink's data files themselves
     (:meth:`sinks.base.Sink.distributed_writer`): the output rows never reach

@@ -13,7 +13,9 @@ Points, in lifecycle order: ``after_plan``, ``after_write_ahead``,
 ``after_sink``, ``after_state_commit``, ``after_commit``,
 ``after_report``; in the workers of a scaled-out query (Ray):
 ``worker.map``, ``worker.reduce``, ``worker.after_write`` (the worker wrote
-a sink's data files, the driver has not committed them), ``worker.commit``; while ``run
+a sink's data files, the driver has not committed them), ``worker.commit`` (in
+the reduce, before its shards' state commit), ``worker.after_commit`` (the
+shards' version N+1 durable, the driver not yet answered); while ``run
 --from-savepoint`` assembles a new checkpoint: ``restore.before_publish`` (with
 the savepoint's batch id). The side outputs,
 written before the sink in step 5, have their own sink points:
@@ -46,7 +48,8 @@ POINTS = (
     "after_commit",
     "after_report",
 )
-WORKER_POINTS = ("worker.map", "worker.reduce", "worker.after_write", "worker.commit")
+WORKER_POINTS = ("worker.map", "worker.reduce", "worker.after_write", "worker.commit",
+                 "worker.after_commit")
 """Points inside the Ray workers of a scaled-out query (not passed in one process)."""
 RESTORE_POINTS = ("restore.before_publish",)
 """Points of ``run --from-savepoint`` (passed once, before the first batch)."""

@@ -167,13 +167,37 @@ class ExecutorProgress(TypedDict, total=False):
     map_ms: float
     reduce_ms: float
     commit_ms: float
+    """``map_ms``/``reduce_ms``/``commit_ms``: the three round trips of records
+    written before one exchange per batch (``exchange_ms`` since)."""
+    exchange_ms: float
+    """The driver's wall time of the batch's one exchange (map, reduce, state commit)."""
+    barrier_ms: float
+    """``exchange_ms`` minus the busiest worker's busy time: dispatch, transfer, waiting."""
     map_busy_ms: list[float]
     """Each worker's busy time in the map phase."""
+    reduce_busy_ms: list[float]
+    """Each worker's busy time in the reduce phase (its shards')."""
     shard_busy_ms: list[float]
     """Each shard's busy time in the reduce phase."""
     commit_busy_ms: list[float]
+    """Each worker's time committing its shards' state (inside the reduce)."""
     exchanged_rows: int
     exchanged_bytes: int
+    combined: bool
+    """Whether the map side pre-aggregated (``RayExecutor(combine=...)``; false
+    for a batch that had to run again with rows)."""
+    shard_rows: list[int]
+    """Rows that entered each shard's operators (partial rows where pre-aggregated)."""
+    routed_rows: list[int]
+    """Rows routed to each shard before pre-aggregation."""
+    skew: float | None
+    """Max over mean of ``shard_rows``."""
+    hot_shard: int
+    hot_key: dict[str, Any] | None
+    """The hottest shard's most frequent shard key (from a sample of its rows), or
+    ``None`` below ``RayExecutor(skew_min_rows=...)``."""
+    skew_alarm: str | None
+    """Set when ``skew`` exceeded ``RayExecutor(skew_alarm=...)``: what and why."""
 
 
 class ProgressRecord(TypedDict):

@@ -38,9 +38,12 @@ JSON line on the ``microbatch.observability.progress`` logger. Fields:
   the rows the sink took (see :mod:`microbatch.observability.latency`), or ``None``;
 - ``executor``: ``None`` in one process; for a query on Ray workers
   (:mod:`microbatch.distributed`): ``workers``, ``shards``, ``nodes``,
-  ``restarts``, the driver's wall time of each phase (``map_ms``,
-  ``reduce_ms``, ``commit_ms``), each worker's and shard's busy time, and the
-  rows and bytes exchanged between workers.
+  ``restarts``, the driver's wall time of the batch's one exchange
+  (``exchange_ms``) and its ``barrier_ms`` (that minus the busiest worker's
+  busy time), each worker's and shard's busy time, the rows and bytes
+  exchanged between workers (``combined``: pre-aggregated on the map side),
+  rows per shard (``shard_rows``, ``routed_rows``), their ``skew`` (max/mean),
+  the ``hot_key`` and the ``skew_alarm`` (docs/scale-out.md).
 """
 
 from __future__ import annotations

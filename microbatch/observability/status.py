@@ -19,7 +19,9 @@ the conditions an operator should look at:
 - ``dead_letters``: malformed input records in recent batches;
 - ``schema_mismatch``: input files in recent batches that did not fit the
   declared schema (a column missing or of a type that does not convert) and
-  went to the dead letters whole.
+  went to the dead letters whole;
+- ``shard_skew``: a query on Ray workers whose newest batch loaded one shard
+  far above the mean (``RayExecutor(skew_alarm=...)``), naming the hot key.
 """
 
 from __future__ import annotations
@@ -133,12 +135,23 @@ def status_document(
         "state_bytes": newest["state_bytes"] if newest else None,
         "recent_state_expired_rows": sum(r["state_expired_rows"] for r in shown),
         "latency_ms": newest["latency_ms"] if newest else None,
+        "shard_skew": shard_skew(newest),
         "recent_late_rows": sum(r["late_rows"] for r in shown),
         "recent_dead_letter_rows": sum(r["dead_letter_rows"] for r in shown),
         "recent_batches": [batch_summary(r) for r in shown],
         "alarms": alarms(records, last_error=last_error, running=running),
         **averages(shown),
     }
+
+
+def shard_skew(record: ProgressRecord | None) -> dict[str, Any] | None:
+    """A scaled-out batch's rows per shard, their max/mean and the hot key
+    (``None`` in one process)."""
+    executor: dict[str, Any] = dict(record["executor"] or {}) if record else {}
+    if "shard_rows" not in executor:
+        return None
+    return {k: executor.get(k) for k in ("skew", "shard_rows", "hot_shard", "hot_key",
+                                         "combined")}
 
 
 def lag_unit(sources: Sequence[Any]) -> str:
@@ -204,7 +217,7 @@ def alarms(records: Sequence[ProgressRecord],
         ))
     run = [r for r in records if r["run_id"] == records[-1]["run_id"]] if records else []
     for check in (_falling_behind, _backlog_growing, _watermark_stalled, _late_rows_rising,
-                  _dead_letters, _schema_mismatch):
+                  _dead_letters, _schema_mismatch, _shard_skew):
         alarm = check(run)
         if alarm:
             found.append(alarm)
@@ -266,6 +279,14 @@ def _watermark_stalled(run: Sequence[ProgressRecord]) -> dict[str, str] | None:
         f"with_watermark({p['column']!r}, ..., idle_timeout=...) so that an idle partition "
         "stops holding the watermark.",
     )
+
+
+def _shard_skew(run: Sequence[ProgressRecord]) -> dict[str, str] | None:
+    executor: dict[str, Any] = dict(run[-1]["executor"] or {}) if run else {}
+    message = executor.get("skew_alarm")
+    if not message:
+        return None
+    return _alarm("shard_skew", "warning", f"batch {run[-1]['batch_id']}: {message}.")
 
 
 def _state_growing(run: Sequence[ProgressRecord]) -> list[dict[str, str]]:

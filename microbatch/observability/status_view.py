@@ -129,12 +129,26 @@ def _summary(doc: dict[str, Any]) -> Table:
         ("late rows", f"{fmt_int(doc.get('recent_late_rows'))} in the batches below"),
         ("dead letters", f"{fmt_int(doc.get('recent_dead_letter_rows'))} in the batches below"),
         ("sink latency", _latency(doc.get("latency_ms"))),
+        *_skew_row(doc.get("shard_skew")),
         ("avg input rows/s", fmt_int(doc["avg_input_rows_per_second"])),
         ("avg processed rows/s", fmt_int(doc["avg_processed_rows_per_second"])),
     ]
     for key, value in rows:
         summary.add_row(key, str(value))
     return summary
+
+
+def _skew_row(skew: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """``shard skew``: a scaled-out query's rows per shard in its newest batch."""
+    if not skew or skew.get("skew") is None:
+        return []
+    rows = skew.get("shard_rows") or []
+    key = skew.get("hot_key")
+    hot = "" if not key else " (hot key " + ", ".join(
+        f"{escape(str(c))}={escape(repr(v))}" for c, v in key.items()) + ")"
+    return [("shard skew", f"max/mean {skew['skew']:.1f} over {len(rows)} shards, "
+                           f"{max(rows, default=0):,} rows in shard {skew.get('hot_shard')}"
+                           f"{hot}{'' if skew.get('combined') else ', rows not pre-aggregated'}")]
 
 
 def _latency(latency: dict[str, Any] | None) -> str:

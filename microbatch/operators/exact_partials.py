@@ -286,3 +286,134 @@ def _packing(
     if bits + windows.bit_length() > 62:
         return None
     return keys[0], w0, k0, bits
+
+
+# ------------------------------------------------------------ map-side combine
+
+_WIRE_INT128 = pl.Decimal(38, 0)
+"""How an Int128 partial travels in Arrow (which has no Int128): every value here
+is below ``2**126`` in magnitude, inside Decimal(38, 0)'s range."""
+
+
+@dataclass(frozen=True)
+class CombinePlan:
+    """How an aggregation's partials are computed on a slice of a batch's rows
+    (the map side of a scaled-out query) and merged into the batch's partials
+    (the reduce side), giving exactly the partials the whole batch's rows give.
+
+    Integer sums, counts and integer min/max merge exactly in any grouping. A
+    Float64 sum (or mean) travels as its Int128 multiple of ``2**b`` (``b`` the
+    slice's own scale, recorded in its facts): the reduce side shifts every slice
+    to the smallest ``b``, adds in Int128 and rounds once, which is the exact
+    path's result over the same rows (``fsum`` only where the operator sums
+    floats on the exact path, see :func:`combine_plan`)."""
+
+    keys: tuple[str, ...]
+    outputs: tuple[_Out, ...]
+    dtypes: dict[str, pl.DataType]
+    floats: tuple[str, ...]
+
+
+def combine_plan(
+    aggs: Sequence[AggSpec], schema: pl.Schema, keys: Sequence[str], *, floats: bool
+) -> CombinePlan | None:
+    """The combine plan of ``aggs`` over rows of ``schema`` grouped by ``keys``, or
+    ``None`` when some aggregate's partial depends on how rows are grouped
+    (``first``/``last``, float min/max, a float sum when ``floats`` is false: the
+    operator sums floats in row order there)."""
+    outputs: list[_Out] = []
+    for agg in aggs:
+        got = _partials(agg, schema)
+        if got is None or (not floats and any(o.op == "fsum" for o in got)):
+            return None
+        outputs += got
+    dtypes = {n: d for a in aggs for n, d in a.partial_dtypes(schema).items()}
+    used = sorted({o.column for o in outputs if o.op == "fsum" and o.column is not None})
+    return CombinePlan(tuple(keys), tuple(outputs), dtypes, tuple(used))
+
+
+def slice_partials(
+    plan: CombinePlan, df: pl.DataFrame, live: pl.LazyFrame
+) -> tuple[pl.DataFrame, dict[str, Any]] | None:
+    """A slice's partials per group of ``live`` (derived from the slice's rows
+    ``df``, late rows included, as :func:`exact_window_partials` is) and its facts
+    (rows, and per float column its magnitudes and scale); ``None`` when a float
+    column holds NaN or infinity or magnitudes too far apart (the rows must travel)."""
+    facts: dict[str, Any] = {"rows": df.height, "floats": {}}
+    scale: dict[str, int] = {}
+    if plan.floats and df.height:
+        stats = df.select(*_stats(list(plan.floats), (), (pl.lit(0), pl.lit(0)),
+                                  df.schema)).row(0, named=True)
+        for i, column in enumerate(plan.floats):
+            b0 = _scale(stats, i, df.height)
+            if b0 is None:
+                return None
+            scale[column] = b0
+            facts["floats"][column] = {"hi": stats[f"hi{i}"], "lo": stats[f"lo{i}"], "b": b0}
+    exprs: list[pl.Expr] = []
+    for out in plan.outputs:
+        col = pl.col(out.column) if out.column is not None else None
+        match out.op, col:
+            case "fsum", pl.Expr():
+                b0 = scale.get(out.column or "", 0)
+                exprs.append((col.cast(pl.Float64) * 2.0**-b0).cast(pl.Int128).sum()
+                             .cast(_WIRE_INT128).alias(out.name))
+            case "count", pl.Expr():
+                exprs.append(col.count().cast(pl.Int64).alias(out.name))
+            case "isum", pl.Expr():
+                exprs.append(col.sum().alias(out.name))
+            case "min", pl.Expr():
+                exprs.append(col.min().alias(out.name))
+            case "max", pl.Expr():
+                exprs.append(col.max().alias(out.name))
+            case _:
+                exprs.append(pl.len().cast(pl.Int64).alias(out.name))
+    grouped = collect(live.group_by(list(plan.keys), maintain_order=True).agg(exprs))
+    fsums = {o.name for o in plan.outputs if o.op == "fsum"}
+    return grouped.with_columns(
+        pl.col(n).cast(d) for n, d in plan.dtypes.items() if n in grouped.columns
+        and n not in fsums
+    ), facts
+
+
+def merge_slice_partials(
+    plan: CombinePlan, parts: Sequence[tuple[pl.DataFrame, dict[str, Any]]]
+) -> pl.DataFrame | None:
+    """The batch's partials (one row per group, groups in order of first
+    appearance) from its slices' (in slice order); ``None`` when the rows of all
+    slices together have float magnitudes too far apart for the exact path (the
+    rows must travel: the operator sums them its other way)."""
+    rows = sum(f["rows"] for _, f in parts)
+    shifted: list[pl.DataFrame] = []
+    scale: dict[str, int] = {}
+    for column in plan.floats:
+        seen = [f["floats"][column] for _, f in parts if column in f["floats"]]
+        his = [s["hi"] for s in seen if s["hi"] is not None]
+        los = [s["lo"] for s in seen if s["lo"] is not None]
+        stats = {"hi0": max(his, default=None), "lo0": min(los, default=None), "bad0": 0}
+        b0 = _scale(stats, 0, rows) if rows else 0
+        if b0 is None:
+            return None
+        scale[column] = b0
+    fsum = {o.name: o.column for o in plan.outputs if o.op == "fsum"}
+    for frame, facts in parts:
+        shifted.append(frame.with_columns(
+            (pl.col(name).cast(pl.Int128)
+             * pl.lit(2 ** (facts["floats"].get(column, {}).get("b", scale[column])
+                            - scale[column]), pl.Int128)).alias(name)
+            for name, column in fsum.items() if column is not None
+        ))
+    both = pl.concat(shifted, how="vertical", rechunk=True)
+    exprs: list[pl.Expr] = []
+    for out in plan.outputs:
+        if out.op in {"len", "count", "isum", "fsum"}:
+            exprs.append(pl.col(out.name).sum())
+        elif out.op == "min":
+            exprs.append(pl.col(out.name).min())
+        else:
+            exprs.append(pl.col(out.name).max())
+    merged = collect(both.lazy().group_by(list(plan.keys), maintain_order=True).agg(exprs))
+    return merged.with_columns(
+        *[(pl.col(name).cast(pl.Float64) * 2.0 ** scale[column]).alias(name)
+          for name, column in fsum.items() if column is not None],
+    ).with_columns(pl.col(n).cast(d) for n, d in plan.dtypes.items() if n in merged.columns)

@@ -61,7 +61,14 @@ from microbatch.operators.base import (
     late_reason,
 )
 from microbatch.operators.changes import CHANGE_TYPE, diff_rows, empty_changes
-from microbatch.operators.exact_partials import exact_window_merge, exact_window_partials
+from microbatch.operators.exact_partials import (
+    CombinePlan,
+    combine_plan,
+    exact_window_merge,
+    exact_window_partials,
+    merge_slice_partials,
+    slice_partials,
+)
 from microbatch.operators.packed_group_by import fits_int64, group_by_window_and_key
 from microbatch.operators.state_schema import read_keyed_schema, write_keyed_schema
 from microbatch.plan.aggregates import TIME, AggSpec
@@ -117,6 +124,8 @@ class WindowAggregate(SingleStoreOperator):
         self.key_schema: dict[str, pl.DataType] | None = None
         self.row_schema = pl.Schema()
         self._before: pl.DataFrame | None = None
+        # a scaled-out shard's batch partials, merged from its slices' (see take_partials)
+        self._pending: tuple[pl.DataFrame, pl.DataFrame | None] | None = None
 
     def signature(self) -> dict[str, Any]:
         return {
@@ -252,7 +261,12 @@ class WindowAggregate(SingleStoreOperator):
             self.buffer.commit()
         super().commit()
 
+    def pending_rows(self) -> int:
+        """Partial rows taken by :meth:`take_partials` for the next batch."""
+        return 0 if self._pending is None else self._pending[0].height
+
     def abort(self) -> None:
+        self._pending = None
         if self.buffer is not None:
             self.buffer.abort()
             self.buffer = None
@@ -269,9 +283,66 @@ class WindowAggregate(SingleStoreOperator):
 
     # ------------------------------------------------------------ batch
 
+    # ------------------------------------------------------------ combine
+
+    def combine_plan(self, schema: pl.Schema) -> CombinePlan | None:
+        """How a slice of a batch's rows of ``schema`` is pre-aggregated before
+        the shuffle of a scaled-out query (``None``: its rows must travel): float
+        sums only where this operator sums them exactly (the append buffer)."""
+        if type(self) is not WindowAggregate or not len(schema) or CHANGE_TYPE in schema:
+            return None
+        if any(k not in schema for k in self.keys) or (
+            self.window is not None and self.window.column not in schema
+        ):
+            return None
+        if any(a.column is not None and a.column not in schema for a in self.aggs):
+            return None
+        buffered = self.layout == "append" or (self.provider is None and self._can_buffer())
+        return combine_plan(self.aggs, schema, self._state_keys(), floats=buffered)
+
+    def combine_slice(
+        self, df: pl.DataFrame, ctx: OperatorContext
+    ) -> tuple[pl.DataFrame, pl.DataFrame | None, dict[str, Any]] | None:
+        """The map side of a scaled-out batch: a slice's partials per (window,
+        keys), its late rows (split against the batch's watermark, as
+        :meth:`process` splits them) and its facts; ``None``: ship the rows."""
+        plan = self.combine_plan(df.schema)
+        if plan is None:
+            return None
+        late: pl.DataFrame | None = None
+        live = df.lazy()
+        if self.window is not None:
+            live, late = self._split_late(df, ctx.watermark_ms)
+        got = slice_partials(plan, df, live)
+        if got is None:
+            return None
+        return got[0], late, got[1]
+
+    def take_partials(
+        self,
+        schema: pl.Schema,
+        parts: list[tuple[pl.DataFrame, dict[str, Any]]],
+        late: list[pl.DataFrame | None],
+    ) -> bool:
+        """The reduce side: the slices' partials (in slice order) merged into the
+        batch's, which the next :meth:`process` takes instead of computing them
+        from rows (bit for bit the same); False (nothing taken) when they cannot
+        be merged exactly here and the rows must travel."""
+        plan = self.combine_plan(schema)
+        if plan is None:
+            return False
+        merged = merge_slice_partials(plan, parts)
+        if merged is None:
+            return False
+        frames = [f for f in late if f is not None]
+        lates = pl.concat(frames, how="vertical") if frames else None
+        self._pending = (merged, lates)
+        return True
+
     def process(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
+        pending, self._pending = self._pending, None
         if self.layout == "append" or (self.provider is None and self._can_buffer()):
-            return self._process_buffered(df, ctx)
+            return self._process_buffered(df, ctx, pending)
         store = self._load(df, ctx.batch_id)
         if store is None:
             ctx.metrics[self.operator_id] = {}
@@ -281,7 +352,14 @@ class WindowAggregate(SingleStoreOperator):
         merged = None
         # NOTE: before the merge, so that a key whose TTL passed starts afresh
         expired = store.pop_expired(ctx.timestamp_ms).height if self.ttl_ms is not None else 0
-        if df.width:  # a no-data batch of a source without a declared schema has no columns
+        if df.width and pending is not None:  # merged from the slices' partials
+            partials, late_rows = pending
+            late_count = 0 if late_rows is None else late_rows.height
+            if late_rows is not None and late_count:
+                ctx.late_rows.append(late_rows)
+            merged = self._merge(store, partials, ctx.timestamp_ms)
+            store.upsert(merged, keys_from_lookup=True)
+        elif df.width:  # a no-data batch of a source without a declared schema has no columns
             lf = df.lazy()
             if self.window is not None:
                 lf, late = self._split_late(df, wm)
@@ -306,7 +384,12 @@ class WindowAggregate(SingleStoreOperator):
         }
         return emitted
 
-    def _process_buffered(self, df: pl.DataFrame, ctx: OperatorContext) -> pl.DataFrame:
+    def _process_buffered(
+        self,
+        df: pl.DataFrame,
+        ctx: OperatorContext,
+        pending: tuple[pl.DataFrame, pl.DataFrame | None] | None = None,
+    ) -> pl.DataFrame:
         """Append mode: append the batch's partials, pop and combine the closed windows."""
         if not self._define(df, ctx.batch_id):
             ctx.metrics[self.operator_id] = {}
@@ -317,13 +400,18 @@ class WindowAggregate(SingleStoreOperator):
         wm = ctx.watermark_ms
         late_count = 0
         if df.width:
-            live, late = self._split_late(df, wm)
+            if pending is not None:  # merged from the slices' partials
+                batch_partials, late_rows = pending
+                late = df.head(0) if late_rows is None else late_rows
+            else:
+                live, late = self._split_late(df, wm)
+                batch_partials = self._partials(df, live)
             late_count = late.height
             if late_count:
                 ctx.late_rows.append(late)
             # NOTE: no maintain_order: the order of groups changes no result (a key has
             # one partial row per batch, and the buffer keeps batches in arrival order)
-            partials = self._partials(df, live).with_columns(
+            partials = batch_partials.with_columns(
                 self.window.end_of(pl.col(WS)).alias(EXPIRE),
                 pl.lit(-1, pl.Int64).alias(REV),
             )

@@ -78,7 +78,8 @@ def _assert_exactly_the_oracle(out: Path, kind: str, tmp: Path, batch: int = 150
     assert queries.bits(got).sort(key).equals(queries.bits(want).sort(key))
 
 
-@pytest.mark.parametrize("point", ["worker.map@3", "worker.reduce@4", "worker.commit@5"])
+@pytest.mark.parametrize("point", ["worker.map@3", "worker.reduce@4", "worker.commit@5",
+                                   "worker.after_commit@6"])
 def test_a_worker_killed_mid_batch_is_replaced_and_the_batch_rerun(
     ray_cluster: str, tmp_path: Path, point: str
 ) -> None:
@@ -107,6 +108,15 @@ def test_driver_killed_then_restarted_on_other_worker_counts(
     first = _cli(_run_args(out, chk, "session", 2, ray_cluster),
                  env={"MICROBATCH_FAULT": "after_sink@4"})
     assert first.returncode == -signal.SIGKILL, first.stderr
+    # the workers' state is version N+1 once the batch executed (the reduce commits
+    # it): a driver killed before its sink re-runs batch N from version N
+    again = _cli(_run_args(out, chk, "session", 2, ray_cluster),
+                 env={"MICROBATCH_FAULT": "after_execute@6"})
+    assert again.returncode == -signal.SIGKILL, again.stderr
+    assert (chk / "offsets" / "6").exists()
+    assert not (chk / "commits" / "6").exists()
+    orphans = list((chk / "state" / "shards").glob("*/*/**/changelog/7.arrow"))
+    assert orphans, "no shard had committed version 7 (batch 6's state) before the kill"
     second = _cli(_run_args(out, chk, "session", 1, ray_cluster),
                   env={"MICROBATCH_FAULT": "after_state_commit@9"})
     assert second.returncode == -signal.SIGKILL, second.stderr

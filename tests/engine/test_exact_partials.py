@@ -5,6 +5,7 @@ sum) bit for bit, whatever the order of the rows; no exact form, no result."""
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import determinism_queries as queries
 import numpy as np
@@ -190,3 +191,85 @@ def test_a_query_on_the_exact_path_replays_bit_identically(
     for col in ("total", "mean"):
         rel = ((first[col] - folded[col]).abs() / folded[col].abs().clip(lower_bound=1.0)).max()
         assert rel < 1e-12, col
+
+
+# ------------------------------------------------------------ map-side combine
+
+
+def _combined(op: WindowAggregate, df: pl.DataFrame, cuts: list[int], wm: int | None
+              ) -> tuple[pl.DataFrame, pl.DataFrame | None] | None:
+    """``df`` cut at ``cuts`` into slices, each pre-aggregated as a map worker does
+    (``combine_slice``), merged as a reduce does (``take_partials``): what the
+    operator would take in place of computing the batch's partials."""
+    from microbatch.operators.base import OperatorContext
+
+    ctx = OperatorContext(batch_id=3, watermark_ms=wm, timestamp_ms=0)
+    bounds = [0, *sorted(set(cuts)), df.height]
+    parts, lates = [], []
+    for lo, hi in pairwise(bounds):
+        got = op.combine_slice(df.slice(lo, hi - lo), ctx)
+        if got is None:
+            return None
+        parts.append((got[0], got[2]))
+        lates.append(got[1])
+    if not op.take_partials(df.schema, parts, lates):
+        return None
+    taken, op._pending = op._pending, None
+    return taken
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=rows, cuts=st.lists(st.integers(0, 60), max_size=4),
+       wm=st.one_of(st.none(), st.integers(0, 4).map(lambda i: i * MINUTE)),
+       slide=st.sampled_from([MINUTE, MINUTE // 2]))
+def test_slices_partials_merged_are_the_batchs_bit_for_bit(
+    data: list[tuple[object, ...]], cuts: list[int], wm: int | None, slide: int
+) -> None:
+    """Append buffer (float sums exact): any cut of a batch into slices, each
+    pre-aggregated, merges into exactly the partials of the whole batch, and the
+    slices' late rows are the batch's late rows in order."""
+    df = _frame(data)
+    cuts = [c for c in cuts if c < df.height]
+    op = WindowAggregate(operator_id="agg-0", window=WindowSpec("ts", MINUTE, slide),
+                         keys=["k"], aggs=AGGS, output_mode="append")
+    live, late = split_late_windows(df, op.window, wm)
+    want = op._partials(df, live)
+    got = _combined(op, df, cuts, wm)
+    if exact_window_partials(df, live, window_column=WS, spec=op.window, keys=["k"],
+                             aggs=AGGS) is None:
+        assert got is None  # no exact form over the whole batch: the rows travel
+        return
+    assert got is not None
+    merged, got_late = got
+    key = [WS, "k"]
+    assert merged.schema == want.schema
+    assert bits(merged).sort(key, nulls_last=True).equals(bits(want).sort(key, nulls_last=True))
+    assert got_late is not None
+    assert got_late.equals(late)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=rows, cuts=st.lists(st.integers(0, 60), max_size=4))
+def test_keyed_integer_partials_merge_in_first_appearance_order(
+    data: list[tuple[object, ...]], cuts: list[int]
+) -> None:
+    """A keyed store (update mode): integer partials merged from slices equal the
+    batch's ``group_by(maintain_order=True)``, rows and group order alike; a float
+    sum there (summed in row order) is never pre-aggregated."""
+    df = _frame(data)
+    cuts = [c for c in cuts if c < df.height]
+    ints = parse_aggregations((pl.len().alias("n"), pl.col("i").sum().alias("si"),
+                               pl.col("i").min().alias("lo"), pl.col("i").max().alias("hi"),
+                               pl.col("x").count().alias("cx")))
+    op = WindowAggregate(operator_id="agg-0", window=None, keys=["k"], aggs=ints,
+                         output_mode="update")
+    want = df.group_by(["k"], maintain_order=True).agg(
+        [e for a in ints for e in a.partials(df.schema)])
+    got = _combined(op, df, cuts, None)
+    assert got is not None
+    assert got[0].equals(want)
+    assert got[1] is None
+    floats = WindowAggregate(operator_id="agg-1", window=None, keys=["k"],
+                             aggs=parse_aggregations((pl.col("x").sum().alias("sx"),)),
+                             output_mode="update")
+    assert floats.combine_plan(df.schema) is None
