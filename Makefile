@@ -65,7 +65,9 @@ bench-stateful: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_stateful $(ARGS)
 
 # The Ray executor's cost per batch against one process, and the scaling model
-# (benchmarks/bench_scale_out.py; starts a local Ray cluster).
+# (benchmarks/bench_scale_out.py): Q1 from Parquet files into Delta, read and written
+# by the workers; starts a local Ray cluster (ARGS="--nodes 2": a two-node cluster on
+# this machine; "--source memory": the in-memory pipeline; "--source files": who reads).
 bench-scale-out: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_scale_out $(ARGS)
 

@@ -1,11 +1,20 @@
 """Scale-out benchmark: what the Ray executor costs per batch, and a scaling model.
 
 The workload is Q1 (a 10 s tumbling window per card: count and sum, 10k cards)
-over in-memory batches of 1k, 100k and 1M rows. Each executor (local, Ray
-with 1, 2 and 4 workers, 2 shards per worker) runs ``--warm`` batches, then
-``--reps`` measured ones; a batch's time is the progress record's
-``duration_ms`` (plan to commit). The one-shot Polars limit is the same
-``group_by`` over all the measured rows at once.
+in batches of 1k, 100k and 1M rows. By default (``--source lake``) each batch
+is ``FILES_PER_BATCH`` Parquet files and the output a Delta table (append):
+on Ray the workers read their splits of the files and write the table's data
+files, the driver plans, commits one Delta version per batch and keeps the
+checkpoint (scale-out as it is meant to run: no row crosses the driver).
+``--source memory`` is the in-memory source and sink (the driver reads and
+receives every row). Each executor (local, Ray with 1, 2 and 4 workers, 2
+shards per worker; ``ray-2-rows``: 2 workers without the map-side combiner)
+runs ``--warm`` batches, then ``--reps`` measured ones; a batch's time is the
+progress record's ``duration_ms`` (plan to commit). The one-shot Polars limit
+is the same ``group_by`` over all the measured rows at once, in memory.
+``--nodes N`` runs the Ray executors on an N-node cluster on this machine
+(``ray start --head`` + ``ray start --address``, the cores split between
+nodes: pieces between workers on different nodes travel over TCP).
 
 Per-batch overhead of Ray = Ray's median minus local's, and where it goes:
 ``exchange`` is the driver's wall time of the batch's one exchange (map,
@@ -42,6 +51,7 @@ Run: ``.venv/bin/python -m benchmarks.bench_scale_out [--reps 5] [--source files
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
@@ -142,7 +152,7 @@ def run_files(
 
 
 FILE_HEADER = ("rows/batch", "executor", "ms/batch", "driver CPU/batch", "driver read",
-               "driver", "map (wall)",
+               "driver", "exchange (wall)",
                "workers read (busy)", "shipped by driver", "exchanged")
 
 
@@ -158,19 +168,103 @@ def files_main(args: argparse.Namespace) -> None:
             d = [r["duration_ms"] for r in records]
             ex = [r.get("executor") or {} for r in records]
             total = median([x["total"] for x in d])
-            phases = [e.get("map_ms", 0) + e.get("reduce_ms", 0) + e.get("commit_ms", 0)
-                      for e in ex]
+            phases = [e.get("exchange_ms", 0) for e in ex]
             driver = median([x["total"] - p for x, p in zip(d, phases, strict=True)])
             read_busy = [sum(e.get("read_busy_ms", [])) for e in ex]
             print(markdown_row((
                 f"{size:,}", executor, f"{total:.1f}", f"{cpu_ms:.1f}",
                 f"{median([x.get('read', 0.0) for x in d]):.1f}", f"{driver:.1f}",
-                f"{median([e.get('map_ms', 0.0) for e in ex]):.1f}" if any(ex) else "",
+                f"{median([e.get('exchange_ms', 0.0) for e in ex]):.1f}" if any(ex) else "",
                 f"{median(read_busy):.1f}" if any(read_busy) else "",
                 f"{median([e.get('shipped_bytes', 0) / 1e6 for e in ex]):.1f} MB"
                 if any(ex) else "",
                 f"{median([e.get('exchanged_bytes', 0) / 1e6 for e in ex]):.1f} MB"
                 if any(ex) else "")), flush=True)
+
+
+LAKE_EXECUTORS = ("local", "ray-1", "ray-2", "ray-2-rows", "ray-4")
+
+
+def write_landing(frames: list[pl.DataFrame]) -> str:
+    """The batches as ``FILES_PER_BATCH`` Parquet files each, in batch order
+    (modification times one ms apart: the file source admits them in order)."""
+    landing = tempfile.mkdtemp(prefix="mb-scale-lake-")
+    for b, frame in enumerate(frames):
+        size = -(-frame.height // FILES_PER_BATCH)
+        for f in range(FILES_PER_BATCH):
+            path = os.path.join(landing, f"b{b:04d}-{f}.parquet")
+            frame.slice(f * size, size).write_parquet(path)
+            stamp = 1_700_000_000_000_000_000 + (b * FILES_PER_BATCH + f) * 10**6
+            os.utime(path, ns=(stamp, stamp))
+    return landing
+
+
+def run_lake(executor: str, landing: str, warm: int, address: str | None
+             ) -> list[dict[str, Any]]:
+    """Q1 over the landing files into a new Delta table (append): the progress
+    records of the measured batches. On Ray the workers read their splits of
+    the files and write the table's data files; the driver plans, commits one
+    Delta version per batch and writes the checkpoint."""
+    src = mb.read_files(landing, format="parquet", schema=SCHEMA,
+                        max_files_per_batch=FILES_PER_BATCH)
+    ex = None
+    if executor != "local":
+        workers = int(executor.split("-")[1])
+        ex = mb.RayExecutor(workers=workers, shards=2 * workers, address=address,
+                            combine=not executor.endswith("-rows"))
+    root = tempfile.mkdtemp(prefix="mb-scale-out-")
+    q = query(src).write_delta(os.path.join(root, "q1")).start(
+        os.path.join(root, "chk"), trigger="available-now", executor=ex)
+    try:
+        assert q.await_termination(3600)
+        if q.exception is not None:
+            raise q.exception
+        records = [r for r in q.recent_progress if r["input_rows"] > 0]
+    finally:
+        q.stop()
+    return records[warm:]
+
+
+def lake_main(args: argparse.Namespace, address: str | None, where: str) -> None:
+    """The main table: per batch size and executor, the batch's cost and where
+    it goes; then the scaling model."""
+    import ray
+
+    print(f"# scale-out: Q1 (10 s windows, {CARDS:,} cards) from {FILES_PER_BATCH} Parquet "
+          f"files per batch into a Delta table (append); {platform.processor() or ''} "
+          f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, Polars {pl.__version__}, "
+          f"Ray {ray.__version__}; Ray on {where}; medians of {args.reps} batches after "
+          f"{args.warm} warm")
+    print()
+    print("\n".join(markdown_table(LAKE_HEADER, [], align="rlrrrrrrrrrrl")))
+    model: dict[str, dict[str, float]] = {}
+    for size in map(int, args.sizes.split(",")):
+        frames = batches(size, args.warm + args.reps, seed=size)
+        limit = one_shot_rows_per_s(frames[args.warm:])
+        landing = write_landing(frames)
+        local_ms = None
+        for executor in args.executors.split(","):
+            s = summarize(run_lake(executor, landing, args.warm, address))
+            if executor == "local":
+                local_ms = s["ms"]
+            rows_per_s = rate(size, s["ms"] / 1000)
+            ray_cells = (
+                [f"{s['driver']:.1f}", f"{s['exchange']:.1f}", f"{s['barrier']:.1f}",
+                 " / ".join(f"{b:.0f}" for b in s["per_worker"]),
+                 f"{s['exchanged_mb'] * 1000:,.0f} kB", f"{s['skew']:.2f}"]
+                if "exchange" in s else [f"{s['ms'] - s['execute']:.1f}", "", "", "", "", ""])
+            print(markdown_row((
+                f"{size:,}", executor, f"{s['ms']:.1f}", f"{rows_per_s:,.0f}",
+                f"{(local_ms or s['ms']) / s['ms']:.2f}", f"{ratio(rows_per_s, limit):.3f}",
+                f"{s['execute']:.1f}", *ray_cells, f"{s['sink']:.1f}")), flush=True)
+            model[f"{size}:{executor}"] = s
+    print()
+    print_model(model, [int(x) for x in args.sizes.split(",")])
+
+
+LAKE_HEADER = ("rows/batch", "executor", "ms/batch", "rows/s", "vs local", "vs one-shot",
+               "execute", "driver", "exchange (wall)", "barrier", "workers busy (each)",
+               "exchanged", "skew", "sink (commit)")
 
 
 def one_shot_rows_per_s(frames: list[pl.DataFrame]) -> float:
@@ -198,6 +292,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
                       for e in ex]
         out.update(
             exchange=median([e["exchange_ms"] for e in ex]),
+            driver=median([x["total"] - e["exchange_ms"] for x, e in zip(d, ex, strict=True)]),
+            per_worker=[median([w[i] for w in per_worker]) for i in range(len(per_worker[0]))],
             barrier=median([e["barrier_ms"] for e in ex]),
             busy=median([max(w) for w in per_worker]),
             work=median([sum(w) for w in per_worker]),
@@ -217,22 +313,55 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warm", type=int, default=2)
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
-    parser.add_argument("--source", choices=("memory", "files"), default="memory",
-                        help="files: who reads a file source, the driver or the workers")
-    parser.add_argument("--executors", default=",".join(EXECUTORS))
+    parser.add_argument("--source", choices=("lake", "memory", "files"), default="lake",
+                        help="lake (default): Parquet files into Delta, read and written by "
+                        "the workers; memory: in-memory source and sink (the driver reads "
+                        "and writes); files: who reads a file source, the driver or the "
+                        "workers")
+    parser.add_argument("--executors", default=None,
+                        help=f"comma-separated (default {','.join(LAKE_EXECUTORS)})")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="Ray nodes (raylets) on this machine, the cores split between "
+                        "them (ray start --head + ray start --address)")
     args = parser.parse_args(argv)
+    args.executors = args.executors or ",".join(
+        LAKE_EXECUTORS if args.source == "lake" else EXECUTORS)
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
-    if args.source == "files":
-        files_main(args)
-        ray.shutdown()
-        return 0
-    print(f"# scale-out: Q1 (10 s windows, {CARDS:,} cards); {platform.processor() or ''} "
-          f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, Polars {pl.__version__}, "
-          f"Ray {ray.__version__}; medians of {args.reps} batches after {args.warm} warm")
+    cores = os.cpu_count() or 1
+    with contextlib.ExitStack() as stack:
+        address = None
+        where = "a local one-node cluster"
+        if args.nodes > 1:
+            from benchmarks.local_ray_cluster import local_cluster
+
+            per_node = max(cores // args.nodes, 1)
+            address = stack.enter_context(local_cluster(args.nodes, per_node))
+            where = f"{args.nodes} nodes of {per_node} CPU on this machine ({address})"
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        stack.callback(ray.shutdown)
+        if args.source == "files":
+            files_main(args)
+        elif args.source == "lake":
+            lake_main(args, address, where)
+        else:
+            memory_main(args)
+    return 0
+
+
+def memory_main(args: argparse.Namespace) -> None:
+    """The in-memory pipeline: the driver reads every row and receives every
+    output row (what the executor costs on its own)."""
+    import ray
+
+    print(f"# scale-out: Q1 (10 s windows, {CARDS:,} cards), in-memory source and sink; "
+          f"{platform.processor() or ''} {os.cpu_count()} cores, Python "
+          f"{sys.version.split()[0]}, Polars {pl.__version__}, Ray {ray.__version__}; "
+          f"medians of {args.reps} batches after {args.warm} warm")
     print()
     print("\n".join(markdown_table(HEADER, [], align="rlrrrrrrrrrr")))
     model: dict[str, dict[str, float]] = {}
@@ -258,8 +387,6 @@ def main(argv: list[str] | None = None) -> int:
             model[f"{size}:{executor}"] = s
     print()
     print_model(model, [int(x) for x in args.sizes.split(",")])
-    ray.shutdown()
-    return 0
 
 
 def fan_out_ms_per_worker() -> float:
@@ -294,7 +421,8 @@ def print_model(model: dict[str, dict[str, float]], sizes: list[int]) -> None:
     print("## scaling model (from the 1-worker progress records above)")
     print()
     print(f"T(W) = driver + barrier(1) + {PHASES}·c·(W-1) + work / W, with c = {c:.2f} ms "
-          "(one more worker in one round trip, measured here)")
+          "(one more worker in one round trip, measured here); efficiency "
+          "E(W) = T(1) / (W·T(W))")
     print()
     rows = []
     for size in sizes:
@@ -302,15 +430,15 @@ def print_model(model: dict[str, dict[str, float]], sizes: list[int]) -> None:
         if one is None:
             continue
         # NOTE: one worker runs uncontended: its busy time is the work that splits; the
-        # phases' wall time beyond it is the barrier (dispatch, Arrow transfer, slicing
-        # and gathering on the driver); the rest of the batch is the driver's own steps
-        driver = max(one["ms"] - one["execute"], 0.0)
-        work = one["work"]
-        barrier1 = one["barrier"]
+        # exchange's wall time beyond it is the barrier (dispatch, Arrow transfer, waiting);
+        # the rest of the batch is the driver's own steps (plan, write-ahead, split
+        # planning, the sink's commit, the commit log)
+        driver, work, barrier1 = one["driver"], one["work"], one["barrier"]
+        t1 = driver + barrier1 + work
         cells = []
         for cores in (4, 16, 64):
             t = driver + barrier1 + PHASES * c * (cores - 1) + work / cores
-            cells.append(f"{size / (t / 1000):,.0f} rows/s ({t:.0f} ms)")
+            cells.append(f"{size / (t / 1000):,.0f} rows/s, E = {t1 / (cores * t):.2f}")
         at64 = {"driver": driver, "barrier": barrier1 + PHASES * c * 63, "work": work / 64}
         limit = max(at64, key=lambda k: at64[k])
         rows.append((f"{size:,}", f"{driver:.1f} ms", f"{barrier1:.1f} ms", f"{work:.1f} ms",

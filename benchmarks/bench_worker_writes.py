@@ -75,7 +75,7 @@ def run(frames: list[pl.DataFrame], *, workers_write: bool, warm: int) -> list[d
 def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
     d = [r["duration_ms"] for r in records]
     ex = [r.get("executor") or {} for r in records]
-    phases = [e.get("map_ms", 0) + e.get("reduce_ms", 0) + e.get("commit_ms", 0) for e in ex]
+    phases = [e.get("exchange_ms", 0) for e in ex]
     return {
         "out_rows": median([r["output_rows"] for r in records]),
         "total": median([x["total"] for x in d]),
