@@ -199,6 +199,33 @@ class ParquetSink(Sink):
             key_columns=ctx.key_columns, schema=self._schema,
         )
 
+    def commit_files(self, batch_id: int, written: WrittenBatch) -> None:
+        """Commit the workers' files of ``batch_id`` once (:meth:`Sink.commit_files`),
+        then delete the files earlier attempts of the batch left (a lost worker's,
+        a crashed driver's): the directory holds only listed files again, as with
+        the driver's own writes, whose replay overwrites the same names."""
+        super().commit_files(batch_id, written)
+        self._sweep_attempts(batch_id, written)
+
+    def _sweep_attempts(self, batch_id: int, written: WrittenBatch) -> None:
+        """Unlink worker-named files of ``batch_id`` that its manifest entry does
+        not list, in the directories the batch's files went to (a re-run writes
+        the same rows, so an earlier attempt wrote to the same partitions)."""
+        listed = {str(f["path"]) for f in _read_entry(
+            _entry_path(self._root, batch_id), batch_id)["files"]}
+        dirs = {self._root} | {(self._root / f.path).parent for f in written.files}
+        dirs |= {(self._root / path).parent for path in listed}
+        pattern = re.compile(rf"part-{batch_id:010d}-\d{{5}}-[0-9a-f]{{32}}-")
+        for directory in dirs:
+            try:
+                names = os.listdir(directory)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                path = directory / name
+                if pattern.match(name) and str(path.relative_to(self._root)) not in listed:
+                    path.unlink(missing_ok=True)
+
     def commit_written(self, batch: BatchContext, written: WrittenBatch) -> None:
         """Step 4 for files workers wrote: the manifest entry listing them (the
         schema checked again: the workers checked the one known when the batch
