@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -108,19 +109,38 @@ class LmdbState:
     codec or schema (the caller then rebuilds from the Arrow files).
     """
 
-    def __init__(self, directory: Path, fingerprint: str) -> None:
+    _open: ClassVar[dict[Path, LmdbState]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def acquire(cls, directory: Path, fingerprint: str) -> LmdbState:
+        """The environment of ``directory``, shared by every provider of it in this
+        process (LMDB allows one per process); :meth:`release` when done."""
+        path = (directory / "lmdb").resolve()
+        with cls._lock:
+            state = cls._open.get(path)
+            if state is None:
+                state = cls._open[path] = cls(path)
+            state.users += 1
+        state.fingerprint = fingerprint.encode()
+        return state
+
+    def __init__(self, path: Path) -> None:
         lmdb = import_lmdb()
-        self.path = directory / "lmdb"
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.fingerprint = fingerprint.encode()
+        self.path = path
+        self.users = 0
+        self.fingerprint = b""
+        self.writer: Any = None
+        """The store whose write transaction is open (one at a time)."""
+        path.mkdir(parents=True, exist_ok=True)
         try:
             self.env = lmdb.open(
-                str(self.path), map_size=1 << 40, max_dbs=4 + UNDO_SLOTS, readahead=False,
-                max_readers=16,
+                str(path), map_size=1 << 40, max_dbs=4 + UNDO_SLOTS, readahead=False,
+                max_readers=64,
             )
         except lmdb.Error as exc:
             raise StateStoreError(
-                f"cannot open the state database {self.path}: {exc}. It is a cache of the "
+                f"cannot open the state database {path}: {exc}. It is a cache of the "
                 "Arrow files beside it: delete the lmdb directory and the state is rebuilt."
             ) from exc
         self.rows = self.env.open_db(b"rows")
@@ -128,7 +148,15 @@ class LmdbState:
         self.meta = self.env.open_db(b"meta")
         self.undo = [self.env.open_db(f"undo{i}".encode()) for i in range(UNDO_SLOTS)]
 
-    def close(self) -> None:
+    def release(self) -> None:
+        """One provider less; the environment closes with the last one."""
+        with self._lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            self._open.pop(self.path, None)
+        if self.writer is not None:
+            self.writer.close("its database was closed")
         self.env.close()
 
     def version(self) -> tuple[int, str] | None:
@@ -193,19 +221,31 @@ class DiskStateStore(VersionedState):
         self._mutations = 0
         self._last_lookup: tuple[int, list[bytes]] | None = None
         self._counts = {"upserted": 0, "deleted": 0, "rows_read": 0, "rows_written": 0}
-        self._rows_at_commit: int | None = None
+        self._thread = 0
 
     # ------------------------------------------------------------ txn
 
     def _write(self) -> Any:
         if self._txn is None:
+            other = self._db.writer
+            if other is not None and other is not self:
+                if other._thread != threading.get_ident():
+                    raise StateStoreError(
+                        f"the state database {self._db.path} is being written by another "
+                        "store in another thread: one query at a time may run on a checkpoint"
+                    )
+                other.close("another store of the same directory started writing")
             self._base = self._db.env.begin(write=False)
             self._txn = self._db.env.begin(write=True)
+            self._thread = threading.get_ident()
+            self._db.writer = self
         return self._txn
 
     def _end(self, commit: bool) -> None:
         txn, base = self._txn, self._base
         self._txn = self._base = None
+        if self._db.writer is self:
+            self._db.writer = None
         if base is not None:
             base.abort()
         if txn is not None:
@@ -377,14 +417,13 @@ class DiskStateStore(VersionedState):
         list(map(deleted, stamps, keys))
         unique = pl.Series(keys, dtype=pl.Binary).unique(maintain_order=True).to_list()
         values, found = self._values.decode(self._get(unique))
-        current = values[self._time_name].to_physical()
+        rows = self._keys.decode(unique)[0].hstack(values)
+        current = rows[self._time_name].to_physical()
         due = pl.Series(found) & current.is_not_null() & (current <= threshold)
         if not due.any():
             return pl.DataFrame(schema=schema_of(self._schema))
-        hit = list(itertools.compress(unique, due.to_numpy()))
-        key_frame, _ = self._keys.decode(hit)
-        out = key_frame.hstack(values.filter(due))
-        self._drop(hit, track=True)
+        out = rows.filter(due)
+        self._drop(list(itertools.compress(unique, due.to_numpy())), track=True)
         return out.sort([self._time_name, *self._sort_keys()])
 
     def next_time(self) -> int | None:

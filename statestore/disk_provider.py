@@ -67,7 +67,7 @@ class DiskStateStoreProvider(StateStoreProvider):
 
     def _database(self) -> LmdbState:
         if self._db is None:
-            self._db = LmdbState(self.directory, fingerprint(self.schema))
+            self._db = LmdbState.acquire(self.directory, fingerprint(self.schema))
         return self._db
 
     def close(self) -> None:
@@ -76,7 +76,7 @@ class DiskStateStoreProvider(StateStoreProvider):
             self._store.close("the provider was closed")
             self._store = None
         if self._db is not None:
-            self._db.close()
+            self._db.release()
             self._db = None
 
     def load(self, version: int) -> StateStore:
