@@ -64,6 +64,9 @@ batches uncommitted)."""
 CHUNK = 1 << 16
 """Rows per chunk when the whole state is read (snapshots, evict, rebuilds)."""
 _SIGN = np.uint64(1 << 63)
+MAP_MIN = 4 << 30
+"""The database's first map size (address space, not memory or disk: the file is
+sparse); doubled before a transaction whenever half of it is used."""
 
 
 def import_lmdb() -> Any:
@@ -135,7 +138,7 @@ class LmdbState:
         path.mkdir(parents=True, exist_ok=True)
         try:
             self.env = lmdb.open(
-                str(path), map_size=1 << 40, max_dbs=4 + UNDO_SLOTS, readahead=False,
+                str(path), map_size=MAP_MIN, max_dbs=4 + UNDO_SLOTS, readahead=False,
                 max_readers=64,
             )
         except lmdb.Error as exc:
@@ -189,6 +192,12 @@ class LmdbState:
             txn.drop(self.meta, delete=False)
             txn.put(b"fingerprint", self.fingerprint, db=self.meta)
 
+    def grow(self) -> None:
+        """Double the map size when half of it is used (no transaction may be open)."""
+        used, size = self.disk_bytes(), int(self.env.info()["map_size"])
+        if used * 2 > size:
+            self.env.set_mapsize(max(size * 2, used * 4))
+
     def disk_bytes(self) -> int:
         info, stat = self.env.info(), self.env.stat()
         return int((info["last_pgno"] + 1) * stat["psize"])
@@ -235,6 +244,7 @@ class DiskStateStore(VersionedState):
                         "store in another thread: one query at a time may run on a checkpoint"
                     )
                 other.close("another store of the same directory started writing")
+            self._db.grow()
             self._base = self._db.env.begin(write=False)
             self._txn = self._db.env.begin(write=True)
             self._thread = threading.get_ident()

@@ -73,7 +73,7 @@ from typing import Any
 import polars as pl
 
 from microbatch.checkpoint import Checkpoint, CommitEntry, OffsetEntry
-from microbatch.engine.batch_executor import input_frame
+from microbatch.engine.batch_executor import BatchExecutor, input_frame
 from microbatch.engine.committer import Committer
 from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner
@@ -83,7 +83,7 @@ from microbatch.engine.replay import RecordedBatches, ReplayLoop, refuse_unfinis
 from microbatch.engine.state_budget import StateBudget
 from microbatch.engine.trigger_loops import loop_for
 from microbatch.engine.watermark import PARTITION_COLUMN, closes_state, event_time_reach_ms
-from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError
+from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError, PlanError
 from microbatch.observability.latency import LatencyProbe
 from microbatch.observability.progress import ProgressStore
 from microbatch.observability.record import BatchFacts, progress_record
@@ -202,6 +202,7 @@ class MicroBatchExecution:
         hold_watermark: bool = False,
         replay: RecordedBatches | None = None,
         pipelined: bool = False,
+        state_backend: str = "memory",
     ) -> None:
         self.plan = plan
         self.pipelined = pipelined
@@ -232,6 +233,14 @@ class MicroBatchExecution:
             plan, output_mode=output_mode, durability=durability
         )
         self.tracker = self.executor.tracker
+        self.state_backend = state_backend
+        if state_backend != "memory":
+            if not isinstance(self.executor, BatchExecutor):
+                raise PlanError(
+                    f"state_backend={state_backend!r} runs on the local executor only: drop "
+                    "executor=RayExecutor(...) (CLI: --workers), or use state_backend='memory'"
+                )
+            self.executor.state_backend = state_backend
         if hold_watermark:
             self.tracker.hold()
         self.watermark_in_force: int | None = None
