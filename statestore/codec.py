@@ -75,7 +75,8 @@ class RowCodec:
     def __init__(self, specs: Sequence[ColumnSpec], *, what: str) -> None:
         self.specs = tuple(specs)
         self.fixed = [c for c in self.specs if c.native]
-        self.var = [c for c in self.specs if not c.native]
+        self.decimal = [c for c in self.specs if isinstance(c.dtype, pl.Decimal)]
+        self.var = [c for c in self.specs if not c.native and c not in self.decimal]
         bad = [c for c in self.var if not isinstance(c.dtype, pl.String | pl.Binary)]
         if bad:
             raise StateStoreError(
@@ -86,7 +87,7 @@ class RowCodec:
             )
         self.widths = [c.np_dtype.itemsize for c in self.fixed]
         ncols = len(self.specs)
-        self.header = ncols + sum(self.widths) + 4 * len(self.var)
+        self.header = ncols + sum(self.widths) + 16 * len(self.decimal) + 4 * len(self.var)
         self._pos = {c.name: i for i, c in enumerate(self.specs)}
 
     # ------------------------------------------------------------------ encode
@@ -110,6 +111,17 @@ class RowCodec:
                 )
             head[:, at : at + width] = np.ascontiguousarray(values).view(np.uint8).reshape(n, width)
             at += width
+        for c in self.decimal:  # Arrow's decimal128: 16 little-endian bytes per value
+            arr = frame[c.name].to_arrow()
+            if isinstance(arr, pa.ChunkedArray):
+                arr = arr.combine_chunks()
+            raw = np.frombuffer(arr.buffers()[1], dtype=np.uint8)[
+                arr.offset * 16 : (arr.offset + n) * 16
+            ].reshape(n, 16).copy()
+            if arr.null_count:
+                raw[~arr.is_valid().to_numpy(zero_copy_only=False)] = 0
+            head[:, at : at + 16] = raw
+            at += 16
         pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         lengths_total = np.zeros(n, dtype=np.int64)
         for c in self.var:
@@ -165,6 +177,17 @@ class RowCodec:
             at += width
             valid = head[:, self._pos[c.name]].astype(np.bool_)
             cols[c.name] = c.from_parts(raw.astype(c.np_dtype, copy=False), valid)
+        for c in self.decimal:
+            raw = np.ascontiguousarray(head[:, at : at + 16])
+            at += 16
+            valid = head[:, self._pos[c.name]].astype(np.bool_)
+            mask = pa.py_buffer(np.packbits(valid, bitorder="little")) if not valid.all() else None
+            dtype = c.dtype
+            assert isinstance(dtype, pl.Decimal)
+            arrow = pa.Array.from_buffers(
+                pa.decimal128(dtype.precision or 38, dtype.scale), n, [mask, pa.py_buffer(raw)]
+            )
+            cols[c.name] = pl.Series(c.name, arrow).cast(dtype)
         cursor = starts + self.header
         for c in self.var:
             lengths = (

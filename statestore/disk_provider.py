@@ -30,6 +30,7 @@ in-memory backend, never reuse a database of another history.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -42,6 +43,8 @@ from statestore.provider import StateStoreProvider
 from statestore.store import StateStore
 
 __all__ = ["DiskStateStoreProvider"]
+
+log = logging.getLogger("statestore")
 
 REBUILD_COMMIT_ROWS = 1 << 20
 """A rebuild commits its transaction every this many rows (bounded dirty pages)."""
@@ -117,8 +120,14 @@ class DiskStateStoreProvider(StateStoreProvider):
         at = db.version()
         if at is not None and at != want:
             self._move(db, at, version)
-            at = db.version()
+            moved = db.version()
+            if moved == want:
+                log.info("state database %s moved from version %d to %d", db.path, at[0],
+                         version)
+            at = moved
         if at != want:
+            log.info("state database %s rebuilt at version %d from the files (it was at %s)",
+                     db.path, version, "nothing" if at is None else at[0])
             self._rebuild_db(db, chain.snapshot, chain.changelogs, version)
         if files.latest() > version:
             files.discard_after(version)
