@@ -31,9 +31,9 @@ import pyarrow as pa
 from statestore.exceptions import StateStoreError
 from statestore.schema import ColumnSpec
 
-__all__ = ["CODEC_VERSION", "MAX_KEY_BYTES", "RowCodec", "binary_parts"]
+__all__ = ["CODEC_VERSION", "MAX_KEY_BYTES", "RowCodec", "binary_parts", "with_flag"]
 
-CODEC_VERSION = 1
+CODEC_VERSION = 2
 MAX_KEY_BYTES = 500
 """LMDB's key limit is 511 bytes; the time index puts 8 more before a key."""
 
@@ -54,6 +54,24 @@ def binary_parts(items: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray,
     return offsets, data, valid
 
 
+def with_flag(items: Sequence[bytes | None]) -> list[bytes]:
+    """``b"\\0"`` for each ``None``, ``b"\\1" + item`` for the others (before-images),
+    built with numpy and Arrow."""
+    offsets, data, present = binary_parts(items)
+    n = len(present)
+    lengths = np.where(present, np.diff(offsets) + 1, 1)
+    out_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out_off[1:])
+    out = np.zeros(int(out_off[-1]), dtype=np.uint8)
+    out[out_off[:-1]] = present
+    body = np.where(present, np.diff(offsets), 0)
+    out[_ranges(out_off[:-1] + 1, body)] = data[_ranges(offsets[:-1], body)]
+    arr = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(out_off), pa.py_buffer(out)]
+    )
+    return arr.to_pylist()  # type: ignore[no-any-return]
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The concatenated index ranges ``starts[i] .. starts[i] + lengths[i]``."""
     total = int(lengths.sum())
@@ -72,8 +90,12 @@ class RowCodec:
     equal bytes.
     """
 
-    def __init__(self, specs: Sequence[ColumnSpec], *, what: str) -> None:
+    def __init__(self, specs: Sequence[ColumnSpec], *, what: str, ordered: bool = False) -> None:
         self.specs = tuple(specs)
+        self.ordered = ordered
+        """Keys: native columns big-endian, signed ones with the sign bit flipped, so
+        the bytes of non-null keys sort as their values (keys of one window are
+        neighbours in the database: a batch touches few of its pages)."""
         self.fixed = [c for c in self.specs if c.native]
         self.decimal = [c for c in self.specs if isinstance(c.dtype, pl.Decimal)]
         self.var = [c for c in self.specs if not c.native and c not in self.decimal]
@@ -109,7 +131,13 @@ class RowCodec:
                 values = np.where(np.isnan(values), np.nan, values + 0.0).astype(
                     c.np_dtype.newbyteorder("<")
                 )
-            head[:, at : at + width] = np.ascontiguousarray(values).view(np.uint8).reshape(n, width)
+            raw = np.ascontiguousarray(values).view(np.uint8).reshape(n, width)
+            if self.ordered:
+                raw = raw[:, ::-1]
+                if c.np_dtype.kind == "i":
+                    raw = raw.copy()
+                    raw[:, 0] ^= 0x80
+            head[:, at : at + width] = raw
             at += width
         for c in self.decimal:  # Arrow's decimal128: 16 little-endian bytes per value
             arr = frame[c.name].to_arrow()
@@ -171,9 +199,12 @@ class RowCodec:
         cols: dict[str, pl.Series] = {}
         at = len(self.specs)
         for c, width in zip(self.fixed, self.widths, strict=True):
-            raw = np.ascontiguousarray(head[:, at : at + width]).view(
-                c.np_dtype.newbyteorder("<")
-            ).reshape(n)
+            part = head[:, at : at + width]
+            if self.ordered:
+                part = part[:, ::-1].copy()
+                if c.np_dtype.kind == "i":
+                    part[:, width - 1] ^= 0x80
+            raw = np.ascontiguousarray(part).view(c.np_dtype.newbyteorder("<")).reshape(n)
             at += width
             valid = head[:, self._pos[c.name]].astype(np.bool_)
             cols[c.name] = c.from_parts(raw.astype(c.np_dtype, copy=False), valid)

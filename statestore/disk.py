@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import polars as pl
 
-from statestore.codec import CODEC_VERSION, MAX_KEY_BYTES, RowCodec, binary_parts
+from statestore.codec import CODEC_VERSION, MAX_KEY_BYTES, RowCodec, binary_parts, with_flag
 from statestore.contract import VersionKeeper
 from statestore.exceptions import StateStoreError
 from statestore.schema import FOUND_COLUMN, OP_COLUMN, StateSchema
@@ -64,6 +64,7 @@ batches uncommitted)."""
 CHUNK = 1 << 16
 """Rows per chunk when the whole state is read (snapshots, evict, rebuilds)."""
 _SIGN = np.uint64(1 << 63)
+_NO_TIME = np.iinfo(np.int64).min
 MAP_MIN = 4 << 30
 """The database's first map size (address space, not memory or disk: the file is
 sparse); doubled before a transaction whenever half of it is used."""
@@ -91,6 +92,24 @@ def times_of(items: list[bytes]) -> np.ndarray:
     """The int64 times of :func:`time_bytes` output."""
     raw = np.frombuffer(b"".join(items), dtype=">u8").astype(np.uint64)
     return (raw ^ _SIGN).view(np.int64)
+
+
+def _key_order(keys: list[bytes]) -> np.ndarray | None:
+    """The permutation that sorts ``keys`` bytewise (LMDB's order), or None when
+    they are sorted or few: B-tree operations in key order touch each page once."""
+    if len(keys) < 64:
+        return None
+    series = pl.Series(keys, dtype=pl.Binary)
+    if series.is_sorted():
+        return None
+    return series.arg_sort().to_numpy()
+
+
+def _take(items: list[Any], order: np.ndarray) -> list[Any]:
+    """``items`` permuted by ``order`` (numpy over an object array: no Python loop)."""
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    return arr[order].tolist()  # type: ignore[no-any-return]
 
 
 def _chunks(it: Iterator[Any], first: int = 1024) -> Iterator[list[Any]]:
@@ -221,16 +240,21 @@ class DiskStateStore(VersionedState):
         super().__init__(provider, version)
         self._schema = schema
         self._db = db
-        self._keys = RowCodec(schema.keys, what="key")
+        self._keys = RowCodec(schema.keys, what="key", ordered=True)
         self._values = RowCodec(schema.values, what="value")
         self._time_name = schema.time_column
         self._txn: Any = None
         self._base: Any = None  # read transaction at the committed version: before-images
-        self._touched: list[list[bytes]] = []
+        # the batch's mutations in order: (encoded keys, encoded values or None: deleted)
+        self._touched: list[tuple[list[bytes], list[bytes] | None]] = []
+        # lookups made before any mutation: the committed values (before-images)
+        self._seen: list[tuple[list[bytes], list[bytes | None]]] = []
         self._mutations = 0
         self._last_lookup: tuple[int, list[bytes]] | None = None
         self._counts = {"upserted": 0, "deleted": 0, "rows_read": 0, "rows_written": 0}
         self._thread = 0
+        self._before: tuple[list[bytes], list[bytes | None]] | None = None
+        self._lookup_times: np.ndarray | None = None
 
     # ------------------------------------------------------------ txn
 
@@ -291,7 +315,12 @@ class DiskStateStore(VersionedState):
     def _get(self, keys: list[bytes]) -> list[bytes | None]:
         txn = self._write()
         self._counts["rows_read"] += len(keys)
-        return list(map(functools.partial(txn.get, db=self._db.rows), keys))
+        order = _key_order(keys)
+        if order is None:
+            return list(map(functools.partial(txn.get, db=self._db.rows), keys))
+        got = np.empty(len(keys), dtype=object)
+        got[order] = list(map(functools.partial(txn.get, db=self._db.rows), _take(keys, order)))
+        return got.tolist()  # type: ignore[no-any-return]
 
     def lookup(self, keys: pl.DataFrame) -> pl.DataFrame:
         """One row per input row, in input order: the keys, the values and ``__found``.
@@ -300,9 +329,18 @@ class DiskStateStore(VersionedState):
         schema = self._schema
         frame = schema.conform(keys, schema.keys, "lookup")
         encoded = self._encode_keys(frame)
-        values, found = self._values.decode(self._get(encoded))
+        raw = self._get(encoded)
+        if not self._touched:
+            self._seen.append((encoded, raw))
+        values, found = self._values.decode(raw)
         self._last_lookup = (self._mutations, encoded)
-        return frame.hstack(values).with_columns(pl.Series(FOUND_COLUMN, found))
+        out = frame.hstack(values)
+        if self._time_name is not None:  # upsert(keys_from_lookup) skips unchanged entries
+            times = out[self._time_name].to_physical()
+            self._lookup_times = np.where(
+                found & times.is_not_null().to_numpy(), times.fill_null(0).to_numpy(), _NO_TIME
+            )
+        return out.with_columns(pl.Series(FOUND_COLUMN, found))
 
     def to_frame(self) -> pl.DataFrame:
         """All live rows (staged changes included), ordered by their key bytes. O(state)."""
@@ -343,22 +381,39 @@ class DiskStateStore(VersionedState):
                     "no change to the store in between; call upsert without it"
                 )
             encoded = last[1]
+            self._put(frame, encoded, track=True, old_times=self._lookup_times)
         else:
             encoded = self._encode_keys(frame.select(schema.key_names))
             self._check_unique(frame, encoded)
-        self._put(frame, encoded, track=True)
+            self._put(frame, encoded, track=True)
 
-    def _put(self, frame: pl.DataFrame, encoded: list[bytes], *, track: bool) -> None:
+    def _put(
+        self,
+        frame: pl.DataFrame,
+        encoded: list[bytes],
+        *,
+        track: bool,
+        old_times: np.ndarray | None = None,
+    ) -> None:
         if not frame.height:
             return
         self._mutations += 1
         txn = self._write()
         values = self._values.encode(frame.select(self._schema.value_names))
-        txn.cursor(self._db.rows).putmulti(zip(encoded, values, strict=True))
+        order = _key_order(encoded)  # in key order: neighbouring pages, one B-tree descent
+        if order is None:
+            txn.cursor(self._db.rows).putmulti(zip(encoded, values, strict=True))
+        else:
+            txn.cursor(self._db.rows).putmulti(
+                zip(_take(encoded, order), _take(values, order), strict=True)
+            )
         if self._time_name is not None:
             times = frame[self._time_name].to_physical()
             has = times.is_not_null().to_numpy()
-            stamps = time_bytes(times.fill_null(0).to_numpy())
+            physical = times.fill_null(0).to_numpy()
+            if old_times is not None:  # an entry at the same time is already indexed
+                has &= old_times != physical
+            stamps = time_bytes(physical)
             if not has.all():
                 stamps = list(itertools.compress(stamps, has))
                 keyed = list(itertools.compress(encoded, has))
@@ -368,7 +423,7 @@ class DiskStateStore(VersionedState):
         self._counts["upserted"] += frame.height
         self._counts["rows_written"] += frame.height
         if track:
-            self._touched.append(encoded)
+            self._touched.append((encoded, values))
 
     @staticmethod
     def _check_unique(frame: pl.DataFrame, encoded: list[bytes]) -> None:
@@ -396,7 +451,7 @@ class DiskStateStore(VersionedState):
         gone = sum(map(functools.partial(txn.delete, db=self._db.rows), encoded))
         self._counts["deleted"] += gone
         if track:
-            self._touched.append(encoded)
+            self._touched.append((encoded, None))
 
     def pop_expired(self, t: object) -> pl.DataFrame:
         """Remove and return every row whose time column is <= ``t`` (ordered by time,
@@ -472,20 +527,47 @@ class DiskStateStore(VersionedState):
         return bool(self._touched)
 
     def _committed(self) -> None:
-        self._touched = []
+        self._touched, self._seen = [], []
 
     def _changelog(self) -> pl.DataFrame:
-        """Net changes: deleted keys (op 1) then upserted rows (op 0), from the touched
-        keys' values now and at the committed version."""
+        """Net changes: deleted keys (op 1) then upserted rows (op 0), resolved in Polars
+        from the batch's staged operations (the last one per key wins) and the
+        before-images its lookups read; only keys never looked up are read again."""
         schema = self._schema
         empty = {**schema_of(schema), OP_COLUMN: pl.Int8()}
         if not self._touched:
             return pl.DataFrame(schema=empty)
-        keys = self._touched_keys()
-        now = self._get(keys)
-        _, _, present = binary_parts(now)
-        before = list(map(functools.partial(self._base.get, db=self._db.rows), keys))
+        ops = [
+            pl.DataFrame({"k": pl.Series(keys, dtype=pl.Binary)}).with_columns(
+                pl.Series("v", values, dtype=pl.Binary) if values is not None
+                else pl.lit(None, pl.Binary).alias("v")
+            )
+            for keys, values in self._touched
+        ]
+        net = pl.concat(ops).unique("k", keep="last", maintain_order=True)
+        if self._seen:
+            seen = pl.concat([
+                pl.DataFrame({"k": pl.Series(k, dtype=pl.Binary),
+                              "b": pl.Series(b, dtype=pl.Binary)}) for k, b in self._seen
+            ]).unique("k", keep="first").with_columns(pl.lit(True).alias("seen"))
+            net = net.join(seen, on="k", how="left")
+        else:
+            net = net.with_columns(pl.lit(None, pl.Binary).alias("b"),
+                                   pl.lit(None, pl.Boolean).alias("seen"))
+        keys: list[bytes] = net["k"].to_list()
+        before: list[bytes | None] = net["b"].to_list()
+        unseen = net["seen"].is_null().to_numpy()
+        if unseen.any():
+            idx = np.flatnonzero(unseen)
+            read = list(map(functools.partial(self._base.get, db=self._db.rows),
+                            _take(keys, idx)))
+            arr = np.empty(len(before), dtype=object)
+            arr[:] = before
+            arr[idx] = read
+            before = arr.tolist()
+        self._before = (keys, before)  # for commit_db's before-images
         _, _, existed = binary_parts(before)
+        present = net["v"].is_not_null().to_numpy()
         gone = ~present & existed
         frames = []
         if gone.any():
@@ -495,15 +577,10 @@ class DiskStateStore(VersionedState):
                 pl.lit(OP_DELETE, dtype=pl.Int8).alias(OP_COLUMN),
             ))
         if present.any():
-            rows = self._decode_rows(
-                list(itertools.compress(keys, present)), list(itertools.compress(now, present))
-            )
+            upserts = net.filter(pl.Series(present))
+            rows = self._decode_rows(upserts["k"].to_list(), upserts["v"].to_list())
             frames.append(rows.with_columns(pl.lit(OP_UPSERT, dtype=pl.Int8).alias(OP_COLUMN)))
         return pl.concat(frames) if frames else pl.DataFrame(schema=empty)
-
-    def _touched_keys(self) -> list[bytes]:
-        flat = list(itertools.chain.from_iterable(self._touched))
-        return pl.Series(flat, dtype=pl.Binary).unique().to_list()  # type: ignore[no-any-return]
 
     def commit_db(self, version: int, digest: str) -> None:
         """Commit the transaction as ``version`` with the before-images of every touched
@@ -512,11 +589,10 @@ class DiskStateStore(VersionedState):
         slot = version % UNDO_SLOTS
         undo = self._db.undo[slot]
         txn.drop(undo, delete=False)
-        keys = self._touched_keys() if self._touched else []
+        keys, before = self._before if self._before is not None else ([], [])
+        self._before = None
         if keys:
-            before = map(functools.partial(self._base.get, db=self._db.rows), keys)
-            images = [b"\0" if b is None else b"\1" + b for b in before]
-            txn.cursor(undo).putmulti(zip(keys, images, strict=True))
+            txn.cursor(undo).putmulti(zip(keys, with_flag(before), strict=True))
         txn.put(f"undo{slot}".encode(), str(version).encode(), db=self._db.meta)
         self._db.set_version(txn, version, digest)
         self._end(commit=True)
@@ -524,6 +600,7 @@ class DiskStateStore(VersionedState):
     def close(self, reason: str) -> None:
         """Abort the open transaction (staged changes are lost) and refuse later calls."""
         self._end(commit=False)
+        self._touched, self._seen = [], []
         super().close(reason)
 
     @property
