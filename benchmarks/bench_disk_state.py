@@ -85,7 +85,7 @@ def preload(prov: Any, keys: int, rng: np.random.Generator) -> int:
 
 
 def per_batch(
-    backend: str, keys: int, batch: int, reps: int, root: Path, pattern: str = "windowed"
+    backend: str, keys: int, batch: int, reps: int, root: Path, *, pattern: str = "windowed"
 ) -> dict[str, Any]:
     """``pattern="windowed"``: half the batch updates keys of the newest window, half
     are new keys of the next (a window aggregate's batch); ``"random"``: half updates
@@ -229,7 +229,7 @@ def _child_compare(backend: str, args: argparse.Namespace, root: Path) -> dict[s
         "import json, sys; from pathlib import Path; "
         "from benchmarks.bench_disk_state import per_batch; "
         f"print(json.dumps(per_batch({backend!r}, {args.keys}, {args.batch}, {args.reps}, "
-        f"Path({str(root)!r}), {args.pattern!r})))"
+        f"Path({str(root)!r}), pattern={args.pattern!r})))"
     )
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                           text=True, env={**os.environ})

@@ -37,8 +37,8 @@ from microbatch.api.writer import output_keys, validate_aggregations
 from microbatch.checkpoint import Checkpoint
 from microbatch.engine.batch_executor import validate_joins
 from microbatch.engine.execution import MicroBatchExecution
-from microbatch.observability.progress_schema import ProgressRecord
 from microbatch.engine.state_backend import parse_state_backend
+from microbatch.observability.progress_schema import ProgressRecord
 from microbatch.plan.triggers import ProcessingTime
 from microbatch.types import OutputMode
 from sinks.base import BatchContext, Sink

@@ -42,10 +42,13 @@ def binary_parts(items: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray,
     """``(offsets int64[n+1], data uint8, valid bool[n])`` of a list of bytes/None,
     built by Arrow in one call."""
     arr = pa.array(items, type=pa.large_binary())
-    valid_buf, off_buf, data_buf = arr.buffers()
+    _valid_buf, off_buf, data_buf = arr.buffers()
     n = len(arr)
     offsets = np.frombuffer(off_buf, dtype=np.int64, count=n + 1) if off_buf else np.zeros(1)
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None
+        else np.empty(0, np.uint8)
+    )
     valid = (
         np.ones(n, dtype=np.bool_)
         if arr.null_count == 0
@@ -79,7 +82,8 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         return np.empty(0, dtype=np.int64)
     ends = np.cumsum(lengths)
     shift = np.repeat(starts - (ends - lengths), lengths)
-    return np.arange(total, dtype=np.int64) + shift
+    out: np.ndarray = np.arange(total, dtype=np.int64) + shift
+    return out
 
 
 class RowCodec:
@@ -248,7 +252,10 @@ def _arrow_parts(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarra
     n = len(arr)
     _, off_buf, data_buf = arr.buffers()
     offsets = np.frombuffer(off_buf, dtype=np.int64, count=n + 1 + arr.offset)[arr.offset :]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None
+        else np.empty(0, np.uint8)
+    )
     lengths = np.diff(offsets)
     if arr.null_count:
         valid = arr.is_valid().to_numpy(zero_copy_only=False)

@@ -320,7 +320,7 @@ class DiskStateStore(VersionedState):
             return list(map(functools.partial(txn.get, db=self._db.rows), keys))
         got = np.empty(len(keys), dtype=object)
         got[order] = list(map(functools.partial(txn.get, db=self._db.rows), _take(keys, order)))
-        return got.tolist()  # type: ignore[no-any-return]
+        return got.tolist()
 
     def lookup(self, keys: pl.DataFrame) -> pl.DataFrame:
         """One row per input row, in input order: the keys, the values and ``__found``.

@@ -63,7 +63,9 @@ class DiskStateStoreProvider(StateStoreProvider):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         if self.layout != "keyed":
-            raise StateStoreError("the disk backend keeps keyed stores; append buffers stay in memory")
+            raise StateStoreError(
+                "the disk backend keeps keyed stores; append buffers stay in memory"
+            )
         self._db: LmdbState | None = None
         self.rebuilds = 0
         """How often a load had to rebuild the database from the files (tests, metrics)."""
@@ -87,7 +89,7 @@ class DiskStateStoreProvider(StateStoreProvider):
         self._check_writable()
         return self._load(version)
 
-    def _load(self, version: int) -> StateStore:  # type: ignore[override]
+    def _load(self, version: int) -> StateStore:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise StateStoreError(f"load({version!r}): the version must be an int >= 0")
         started = time.perf_counter()

@@ -23,7 +23,7 @@ import os
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import polars as pl
 import pyarrow as pa
@@ -175,39 +175,40 @@ def read_arrow(
 _STREAM_PIECE = 8 << 20
 
 
-def _footer_offset(fh: object, size: int, needle: bytes) -> int:
+def _footer_offset(fh: BinaryIO, size: int, needle: bytes) -> int:
     """Offset of ``needle`` in the footer of the Arrow file ``fh`` (its last occurrence)."""
     import struct
 
-    fh.seek(size - 10)  # type: ignore[attr-defined]
-    (footer_len,) = struct.unpack("<i", fh.read(4))  # type: ignore[attr-defined]
+    fh.seek(size - 10)
+    (footer_len,) = struct.unpack("<i", fh.read(4))
     start = max(0, size - 10 - footer_len)
-    fh.seek(start)  # type: ignore[attr-defined]
-    tail = fh.read(size - start)  # type: ignore[attr-defined]
+    fh.seek(start)
+    tail = fh.read(size - start)
     at = tail.rfind(needle)
     return -1 if at < 0 else start + at
 
 
-def _header_offset(fh: object, needle: bytes) -> int:
-    fh.seek(0)  # type: ignore[attr-defined]
-    head = fh.read(1 << 20)  # type: ignore[attr-defined]
-    return head.find(needle)
+def _header_offset(fh: BinaryIO, needle: bytes) -> int:
+    fh.seek(0)
+    head = fh.read(1 << 20)
+    at: int = head.find(needle)
+    return at
 
 
-def _hash_replacing(fh: object, size: int, offsets: list[int], middle: bytes) -> str:
+def _hash_replacing(fh: BinaryIO, size: int, offsets: list[int], middle: bytes) -> str:
     """SHA-256 of the file with the 64 bytes at each offset replaced by ``middle``,
     read in pieces (the file is never whole in memory)."""
     hasher = hashlib.sha256()
-    fh.seek(0)  # type: ignore[attr-defined]
+    fh.seek(0)
     at = 0
     for offset in [*offsets, size]:
         while at < offset:
-            piece = fh.read(min(_STREAM_PIECE, offset - at))  # type: ignore[attr-defined]
+            piece = fh.read(min(_STREAM_PIECE, offset - at))
             hasher.update(piece)
             at += len(piece)
         if offset < size:
             hasher.update(middle)
-            fh.seek(offset + len(middle))  # type: ignore[attr-defined]
+            fh.seek(offset + len(middle))
             at = offset + len(middle)
     return hasher.hexdigest()
 
@@ -244,7 +245,9 @@ def write_arrow_chunks(
                     writer.write_table(chunk.to_arrow().cast(arrow_schema), max_chunksize=1 << 20)
         size = tmp.stat().st_size
         with tmp.open("r+b") as fh:
-            offsets = sorted({_header_offset(fh, _PLACEHOLDER), _footer_offset(fh, size, _PLACEHOLDER)})
+            offsets = sorted(
+                {_header_offset(fh, _PLACEHOLDER), _footer_offset(fh, size, _PLACEHOLDER)}
+            )
             digest = _hash_replacing(fh, size, offsets, _PLACEHOLDER).encode()
             for offset in offsets:
                 fh.seek(offset)

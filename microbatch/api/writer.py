@@ -15,8 +15,8 @@ from microbatch.engine.durability import DURABILITY_LEVELS, Durability
 from microbatch.engine.execution import MicroBatchExecution
 from microbatch.engine.executors import Executor
 from microbatch.engine.replay import RecordedBatches, prepare_replay, start_checkpoint
-from microbatch.engine.state_budget import StateBudget
 from microbatch.engine.state_backend import StateBackend, parse_state_backend
+from microbatch.engine.state_budget import StateBudget
 from microbatch.exceptions import PlanError, TriggerError
 from microbatch.observability.latency import LatencyProbe, latency_columns
 from microbatch.plan.nodes import (

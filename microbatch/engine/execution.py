@@ -178,6 +178,19 @@ def _id_list(ids: list[int], limit: int = 10) -> str:
     return f"[{shown}]" if len(ids) <= limit else f"[{shown}, ... {len(ids) - limit} more]"
 
 
+def bind_state_backend(runner: PlanRunner, backend: str) -> PlanRunner:
+    """Give the local executor's operators ``backend``; PlanError for the Ray
+    executor, whose shards keep their state in memory."""
+    if backend != "memory":
+        if not isinstance(runner, BatchExecutor):
+            raise PlanError(
+                f"state_backend={backend!r} runs on the local executor only: drop "
+                "executor=RayExecutor(...) (CLI: --workers), or use state_backend='memory'"
+            )
+        runner.state_backend = backend
+    return runner
+
+
 class MicroBatchExecution:
     """Runs one query: recovers from its checkpoint, then batches per trigger."""
 
@@ -229,18 +242,12 @@ class MicroBatchExecution:
         self.clock = clock
         self.name = name
         self.sources: dict[str, Source] = {str(i): s for i, s in enumerate(plan.sources())}
-        self.executor: PlanRunner = (executor or LocalExecutor()).runner(
-            plan, output_mode=output_mode, durability=durability
+        self.executor: PlanRunner = bind_state_backend(
+            (executor or LocalExecutor()).runner(plan, output_mode=output_mode,
+                                                 durability=durability),
+            state_backend,
         )
         self.tracker = self.executor.tracker
-        self.state_backend = state_backend
-        if state_backend != "memory":
-            if not isinstance(self.executor, BatchExecutor):
-                raise PlanError(
-                    f"state_backend={state_backend!r} runs on the local executor only: drop "
-                    "executor=RayExecutor(...) (CLI: --workers), or use state_backend='memory'"
-                )
-            self.executor.state_backend = state_backend
         if hold_watermark:
             self.tracker.hold()
         self.watermark_in_force: int | None = None

@@ -129,7 +129,8 @@ def test_crash_between_changelog_and_database_rolls_forward(tmp_path: Path) -> N
     provider.close()
     again = _disk(tmp_path)
     got = _frame(again.load(2))
-    assert got.height == 40 and again.rebuilds == 0
+    assert got.height == 40
+    assert again.rebuilds == 0
     assert got.equals(_memory(tmp_path).read_version(2).sort("k"))
     again.close()
 
@@ -144,7 +145,8 @@ def test_lost_or_foreign_database_is_rebuilt_from_the_files(tmp_path: Path) -> N
     provider.close()
     shutil.rmtree(tmp_path / "lmdb")
     again = _disk(tmp_path)
-    assert _frame(again.load(3)).equals(want) and again.rebuilds == 1
+    assert _frame(again.load(3)).equals(want)
+    assert again.rebuilds == 1
     again.close()
     # the in-memory backend writes version 4: the database (at 3) must not be reused for 4
     memory = _memory(tmp_path)
@@ -158,7 +160,7 @@ def test_lost_or_foreign_database_is_rebuilt_from_the_files(tmp_path: Path) -> N
 
 
 def test_snapshot_streamed_in_chunks_reads_back(tmp_path: Path, monkeypatch: Any) -> None:
-    import statestore.disk as disk
+    from statestore import disk
 
     monkeypatch.setattr(disk, "CHUNK", 7)  # many chunks from a small state
     provider = _disk(tmp_path, min_snapshot_bytes=1)
@@ -175,7 +177,7 @@ def test_snapshot_streamed_in_chunks_reads_back(tmp_path: Path, monkeypatch: Any
     path.write_bytes(bytes(raw))
     shutil.rmtree(tmp_path / "lmdb")
     (tmp_path / "changelog" / "1.arrow").unlink()
-    with pytest.raises(StateCorruptError, match="checksum|readable|decoded"):
+    with pytest.raises(StateCorruptError, match=r"checksum|readable|decoded"):
         _disk(tmp_path).load(1)
 
 
@@ -193,7 +195,8 @@ def test_aborted_batch_leaves_the_database_at_its_version(tmp_path: Path) -> Non
 
 
 def test_backend_names_and_unsupported_columns(tmp_path: Path) -> None:
-    assert canonical_backend("disk") == "lmdb" and canonical_backend("memory") == "memory"
+    assert canonical_backend("disk") == "lmdb"
+    assert canonical_backend("memory") == "memory"
     with pytest.raises(StateStoreError, match="unknown state backend 'rocks'"):
         canonical_backend("rocks")
     provider = make_provider(tmp_path, {"k": pl.Int64}, {"l": pl.List(pl.Int64)}, backend="disk")
