@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -191,6 +190,8 @@ class LmdbState:
         return None if raw is None else (int(raw), digest.decode())
 
     def set_version(self, txn: lmdb.Transaction, version: int | None, digest: str) -> None:
+        """Mark, in ``txn``, the rows as ``version`` whose file has ``digest`` (None:
+        a rebuild under way)."""
         if version is None:
             txn.delete(b"version", db=self.meta)
         else:
@@ -199,6 +200,7 @@ class LmdbState:
         txn.put(b"fingerprint", self.fingerprint, db=self.meta)
 
     def undo_version(self, slot: int) -> int | None:
+        """The version whose before-images undo slot ``slot`` holds, if any."""
         with self.env.begin(db=self.meta) as txn:
             raw = txn.get(f"undo{slot}".encode())
         return None if raw is None else int(raw)
@@ -218,6 +220,7 @@ class LmdbState:
             self.env.set_mapsize(max(size * 2, used * 4))
 
     def disk_bytes(self) -> int:
+        """The database's size: the pages in use (a file may be larger)."""
         info, stat = self.env.info(), self.env.stat()
         return int((info["last_pgno"] + 1) * stat["psize"])
 
@@ -681,6 +684,7 @@ class DiskStateStore(VersionedState):
 
 
 def schema_of(schema: StateSchema) -> dict[str, pl.DataType]:
+    """Name -> dtype of the store's key and value columns (an empty frame's schema)."""
     return dict(schema.polars_schema)
 
 
@@ -689,6 +693,3 @@ def fingerprint(schema: StateSchema) -> str:
     cols = ",".join(f"{c.name}:{c.dtype}" for c in schema.columns)
     return f"codec{CODEC_VERSION}|keys{len(schema.keys)}|{cols}|time:{schema.time_column}"
 
-
-def elapsed_ms(started: float) -> float:
-    return (time.perf_counter() - started) * 1000
