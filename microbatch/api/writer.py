@@ -155,7 +155,8 @@ class DataStreamWriter:
             windows' partials and stream-stream joins stay in memory. Both keep
             the same changelog and snapshot files with the same guarantees, and
             the backend is recorded in the checkpoint: a restart with the other
-            one converts (it rebuilds from those files). The local executor only.
+            one converts (it rebuilds from those files). With the Ray executor each
+            shard's stores keep their database in the shard's directory.
         flush_at_end
             With a bounded trigger (``"available-now"`` or ``"once"``): after the
             last batch of input, advance the watermark to the end of input (the

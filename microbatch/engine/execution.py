@@ -73,7 +73,7 @@ from typing import Any
 import polars as pl
 
 from microbatch.checkpoint import Checkpoint, CommitEntry, OffsetEntry
-from microbatch.engine.batch_executor import BatchExecutor, input_frame
+from microbatch.engine.batch_executor import input_frame
 from microbatch.engine.committer import Committer
 from microbatch.engine.durability import Durability, durability_level
 from microbatch.engine.executors import Executor, LocalExecutor, PlanRunner
@@ -179,13 +179,14 @@ def _id_list(ids: list[int], limit: int = 10) -> str:
 
 
 def bind_state_backend(runner: PlanRunner, backend: str) -> PlanRunner:
-    """Give the local executor's operators ``backend``; PlanError for the Ray
-    executor, whose shards keep their state in memory."""
+    """Give the runner's operators ``backend`` (the local executor's, or every Ray
+    shard's: each shard's stores keep a database in their own directory); PlanError
+    for a runner that cannot."""
     if backend != "memory":
-        if not isinstance(runner, BatchExecutor):
+        if not hasattr(runner, "state_backend"):
             raise PlanError(
-                f"state_backend={backend!r} runs on the local executor only: drop "
-                "executor=RayExecutor(...) (CLI: --workers), or use state_backend='memory'"
+                f"state_backend={backend!r} is not supported by the {type(runner).__name__} "
+                "executor: use state_backend='memory'"
             )
         runner.state_backend = backend
     return runner
