@@ -9,10 +9,13 @@ made and read by Arrow in C++):
           [uint32 length of each String/Binary column][their bytes, in order]
 
 Native columns (numeric, Boolean, temporal) are held as their physical value,
-little-endian; a null's bytes are zero. Floats are canonicalized (``-0.0`` is
+little-endian in values and big-endian with the sign bit flipped in keys
+(``ordered=True``: the bytes of non-null keys sort as their values, so a
+window's keys are neighbours in the database); a null's bytes are zero.
+Decimal columns are Arrow's 16-byte decimal128. Floats are canonicalized (``-0.0`` is
 ``0.0``, every NaN the same NaN), so equal keys always encode to equal bytes:
 the encoding of a key *is* its identity in the database (never a hash). Other
-types (Decimal, List, Struct, Categorical...) are refused with
+types (List, Struct, Categorical...) are refused with
 :class:`~statestore.exceptions.StateStoreError` when the store is built: they
 stay on the in-memory backend.
 
