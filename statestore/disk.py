@@ -511,7 +511,7 @@ class DiskStateStore(VersionedState):
         self._check_open()
         txn = self._write()
         chosen = []
-        for chunk in list(self._scan(txn)):
+        for chunk in self._scan(txn):  # the deletes come after the scan
             try:
                 chosen.append(chunk.filter(predicate))
             except pl.exceptions.PolarsError as exc:

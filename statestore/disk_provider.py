@@ -142,6 +142,8 @@ class DiskStateStoreProvider(StateStoreProvider):
         """Step the database from ``at`` toward ``version`` with before-images (back) or
         changelogs (forward); stops where it cannot (the caller then rebuilds)."""
         current, digest = at
+        if digest != self._digest(current):
+            return  # another history (or its file is gone): rebuild
         if current > version:
             while current > version:
                 store = DiskStateStore(self, self.schema, current, db)
@@ -149,8 +151,6 @@ class DiskStateStoreProvider(StateStoreProvider):
                     return
                 current -= 1
             return
-        if digest != self._digest(current):
-            return  # another history: rebuild
         have = set(self._files.versions("changelog"))
         if any(v not in have for v in range(current + 1, version + 1)):
             return
