@@ -163,3 +163,31 @@ def test_unknown_backend_is_refused() -> None:
         stream.write_memory("bad_backend", output_mode="update").start(
             trigger="once", state_backend="rocks"
         )
+
+
+def test_state_on_disk_does_not_count_toward_the_memory_budget(tmp_path: Path) -> None:
+    """The same job and budget: in memory the state outgrows it and the query stops;
+    on disk it runs to the end with the right result."""
+    data = pl.DataFrame({"ts": [T0] * 3000, "k": range(3000), "v": range(3000)}, schema=SCHEMA)
+
+    def writer(name: str):
+        source = mb.read_memory(schema=SCHEMA, max_records_per_batch=1000)
+        source.add(data)
+        return source.group_by("k").agg(pl.col("v").sum().alias("total")).write_memory(
+            name, output_mode="update")
+
+    memory = writer("budget_memory").start(tmp_path / "m", trigger="available-now",
+                                           state_memory_budget="16KB")
+    with pytest.raises(mb.QueryTerminatedError) as info:
+        memory.await_termination(60)
+    assert isinstance(info.value.__cause__, mb.StateBudgetExceededError)
+    disk = writer("budget_disk").start(tmp_path / "d", trigger="available-now",
+                                       state_memory_budget="16KB", state_backend="disk")
+    assert disk.await_termination(60)
+    got = mb.table("budget_disk").sort("k")
+    assert got.select("k", "total").equals(data.select("k", pl.col("v").alias("total")))
+    assert disk.last_progress is not None
+    state = disk.last_progress["state"]["agg-0"]
+    assert state["bytes"] == 0
+    assert state["rows"] == 3000
+    assert state["disk_bytes"] > 0
