@@ -128,7 +128,7 @@ class DiskStateStoreProvider(StateStoreProvider):
                          version)
             at = moved
         if at != want:
-            log.info("state database %s rebuilt at version %d from the files (it was at %s)",
+            log.log(logging.INFO if version else logging.DEBUG,"state database %s rebuilt at version %d from the files (it was at %s)",
                      db.path, version, "nothing" if at is None else at[0])
             self._rebuild_db(db, chain.snapshot, chain.changelogs, version)
         if files.latest() > version:
