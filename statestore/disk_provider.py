@@ -128,8 +128,9 @@ class DiskStateStoreProvider(StateStoreProvider):
                          version)
             at = moved
         if at != want:
-            log.log(logging.INFO if version else logging.DEBUG,"state database %s rebuilt at version %d from the files (it was at %s)",
-                     db.path, version, "nothing" if at is None else at[0])
+            log.log(logging.INFO if version else logging.DEBUG,
+                    "state database %s rebuilt at version %d from the files (it was at %s)",
+                    db.path, version, "nothing" if at is None else at[0])
             self._rebuild_db(db, chain.snapshot, chain.changelogs, version)
         if files.latest() > version:
             files.discard_after(version)
