@@ -6,12 +6,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-latency bench-sinks bench-kafka bench-kafka-latency bench-stateful bench-scale-out bench-worker-writes bench-peers bench-nexmark soak crash-explore clean
+.PHONY: demo test lint bench bench-latency bench-sinks bench-kafka bench-kafka-latency bench-stateful bench-disk-state bench-scale-out bench-worker-writes bench-peers bench-nexmark soak crash-explore clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,ray,disk]'
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo 'warning: could not install chromium (tests/observability renders the report with it)'; fi
 	touch $(STAMP)
 
@@ -63,6 +63,12 @@ bench-kafka-latency: $(STAMP)
 # transform_with_state at 10k and 10M live keys against group_by (benchmarks/bench_stateful.py).
 bench-stateful: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_stateful $(ARGS)
+
+# The on-disk (LMDB) state backend against the in-memory store at 10M keys, and a
+# run toward 100M keys with the process's RSS (benchmarks/bench_disk_state.py;
+# ARGS="--keys 1000000 --grow-to 10000000 --time-limit 300" for a quick one).
+bench-disk-state: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_disk_state $(ARGS)
 
 # The Ray executor's cost per batch against one process, and the scaling model
 # (benchmarks/bench_scale_out.py): Q1 from Parquet files into Delta, read and written

@@ -37,6 +37,7 @@ from microbatch.api.writer import output_keys, validate_aggregations
 from microbatch.checkpoint import Checkpoint
 from microbatch.engine.batch_executor import validate_joins
 from microbatch.engine.execution import MicroBatchExecution
+from microbatch.engine.state_backend import parse_state_backend
 from microbatch.observability.progress_schema import ProgressRecord
 from microbatch.plan.triggers import ProcessingTime
 from microbatch.types import OutputMode
@@ -78,7 +79,9 @@ class _Harness:
         output_mode: OutputMode,
         checkpoint: str | Path | None,
         start: datetime,
+        state_backend: str = "memory",
     ) -> None:
+        self.state_backend = state_backend
         validate_aggregations(self.stream.plan, output_mode)
         validate_joins(self.stream.plan, output_mode)
         self.output_mode = output_mode
@@ -108,6 +111,7 @@ class _Harness:
             late_sink=self.late,
             key_columns=tuple(output_keys(self.stream.plan)),
             clock=lambda: self.now,
+            state_backend=self.state_backend,
         )
         self._exec.open()
 
@@ -190,10 +194,13 @@ class StreamTest(_Harness):
         checkpoint: str | Path | None = None,
         start: datetime = EPOCH,
         partition_column: str | None = None,
+        state_backend: str = "memory",
     ) -> None:
+        """``state_backend``: as ``writer.start``'s (``"memory"``, ``"lmdb"``/``"disk"``)."""
         self.source = read_memory(schema=schema, partition_column=partition_column)
         self.stream = build(self.source)
-        self._setup(output_mode=output_mode, checkpoint=checkpoint, start=start)
+        self._setup(output_mode=output_mode, checkpoint=checkpoint, start=start,
+                    state_backend=parse_state_backend(state_backend))
 
     def add(self, rows: Rows) -> StreamTest:
         """Append input rows (they form the next batch)."""

@@ -20,15 +20,22 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import polars as pl
 import pyarrow as pa
 
-from statestore.durable import TMP_SUFFIX, fsync_dir, make_dirs, remove, write_atomic
+from statestore.durable import (
+    TMP_SUFFIX,
+    fsync_dir,
+    make_dirs,
+    remove,
+    write_atomic,
+    write_with,
+)
 from statestore.exceptions import StateCorruptError, StateStoreError
 
 FORMAT_VERSION = 1
@@ -163,6 +170,157 @@ def read_arrow(
             "(or the old schema)."
         )
     return frame
+
+
+_STREAM_PIECE = 8 << 20
+
+
+def _footer_offset(fh: BinaryIO, size: int, needle: bytes) -> int:
+    """Offset of ``needle`` in the footer of the Arrow file ``fh`` (its last occurrence)."""
+    import struct
+
+    fh.seek(size - 10)
+    (footer_len,) = struct.unpack("<i", fh.read(4))
+    start = max(0, size - 10 - footer_len)
+    fh.seek(start)
+    tail = fh.read(size - start)
+    at = tail.rfind(needle)
+    return -1 if at < 0 else start + at
+
+
+def _header_offset(fh: BinaryIO, needle: bytes) -> int:
+    fh.seek(0)
+    head = fh.read(1 << 20)
+    at: int = head.find(needle)
+    return at
+
+
+def _hash_replacing(fh: BinaryIO, size: int, offsets: list[int], middle: bytes) -> str:
+    """SHA-256 of the file with the 64 bytes at each offset replaced by ``middle``,
+    read in pieces (the file is never whole in memory)."""
+    hasher = hashlib.sha256()
+    fh.seek(0)
+    at = 0
+    for offset in [*offsets, size]:
+        while at < offset:
+            piece = fh.read(min(_STREAM_PIECE, offset - at))
+            hasher.update(piece)
+            at += len(piece)
+        if offset < size:
+            hasher.update(middle)
+            fh.seek(offset + len(middle))
+            at = offset + len(middle)
+    return hasher.hexdigest()
+
+
+def write_arrow_chunks(
+    path: Path,
+    schema: dict[str, pl.DataType],
+    chunks: Iterable[pl.DataFrame],
+    *,
+    kind: Kind,
+    version: int,
+    compression: str | None,
+) -> int:
+    """Atomically and durably write ``chunks`` as one checksummed Arrow IPC file, the
+    same format as :func:`write_arrow`, holding one chunk in memory at a time (a
+    snapshot of state larger than memory); return its size."""
+    meta = {
+        _M_FORMAT: str(FORMAT_VERSION).encode(),
+        _M_KIND: kind.encode(),
+        _M_VERSION: str(version).encode(),
+        _M_DIGEST: _PLACEHOLDER,
+    }
+    arrow_schema = pl.DataFrame(schema=schema).to_arrow().schema.with_metadata(meta)
+    size = 0
+
+    def write(tmp: Path) -> None:
+        nonlocal size
+        options = pa.ipc.IpcWriteOptions(compression=compression, unify_dictionaries=True)
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(
+            sink, arrow_schema, options=options
+        ) as writer:
+            for chunk in chunks:
+                if chunk.height:
+                    writer.write_table(chunk.to_arrow().cast(arrow_schema), max_chunksize=1 << 20)
+        size = tmp.stat().st_size
+        with tmp.open("r+b") as fh:
+            offsets = sorted(
+                {_header_offset(fh, _PLACEHOLDER), _footer_offset(fh, size, _PLACEHOLDER)}
+            )
+            digest = _hash_replacing(fh, size, offsets, _PLACEHOLDER).encode()
+            for offset in offsets:
+                fh.seek(offset)
+                fh.write(digest)
+
+    write_with(path, write)
+    fsync_dir(path.parent)
+    return size
+
+
+def file_digest(path: Path) -> str:
+    """The checksum a state file records (its identity), read from its schema only."""
+    try:
+        with pa.memory_map(str(path)) as source:
+            meta = pa.ipc.open_file(source).schema.metadata or {}
+    except (FileNotFoundError, pa.ArrowException, OSError, ValueError):
+        return ""
+    return bytes(meta.get(_M_DIGEST, b"")).decode()
+
+
+def iter_arrow(
+    path: Path,
+    *,
+    kind: Kind,
+    version: int,
+    schema: dict[str, pl.DataType],
+    added: Collection[str] = (),
+) -> Iterator[pl.DataFrame]:
+    """The rows of a file written by :func:`write_arrow` or :func:`write_arrow_chunks`,
+    one record batch at a time, after the checks of :func:`read_arrow` (the checksum
+    read in pieces): a snapshot larger than memory is never whole in memory."""
+    advice = (
+        "Restore the file from a backup, or load an older version / start the "
+        "operator on a new state directory (its state is lost)."
+    )
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            reader = pa.ipc.open_file(pa.memory_map(str(path)))
+            meta = reader.schema.metadata or {}
+            digest = meta.get(_M_DIGEST, b"")
+            offsets = sorted({_header_offset(fh, digest), _footer_offset(fh, size, digest)})
+            ok = bool(digest) and -1 not in offsets and (
+                _hash_replacing(fh, size, offsets, _PLACEHOLDER).encode() == digest
+            )
+    except FileNotFoundError as exc:
+        raise StateCorruptError(f"state file {path} is missing. {advice}") from exc
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise StateCorruptError(
+            f"state file {path} is not a readable Arrow IPC file ({exc}); it is truncated "
+            f"or corrupted. {advice}"
+        ) from exc
+    if not ok or meta.get(_M_KIND) != kind.encode() or meta.get(_M_VERSION) != str(
+        version
+    ).encode():
+        # the full checks and their precise messages
+        read_arrow(path, kind=kind, version=version, schema=schema, added=added)
+        raise StateCorruptError(f"state file {path} fails its checks. {advice}")
+    expected = dict(schema)
+    for i in range(reader.num_record_batches):
+        frame = pl.DataFrame(pa.Table.from_batches([reader.get_batch(i)]))
+        absent = [c for c in added if c in expected and c not in frame.columns]
+        if absent:
+            frame = frame.with_columns(
+                [pl.lit(None, expected[c]).alias(c) for c in absent]
+            ).select(list(expected))
+        if dict(frame.schema) != expected:
+            raise StateStoreError(
+                f"state file {path} has columns {dict(frame.schema)}, but the store's schema "
+                f"is {expected}: the operator's state schema changed. Use a new state "
+                "directory (or the old schema)."
+            )
+        yield frame
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from microbatch.engine.durability import DURABILITY_LEVELS, Durability
 from microbatch.engine.execution import MicroBatchExecution
 from microbatch.engine.executors import Executor
 from microbatch.engine.replay import RecordedBatches, prepare_replay, start_checkpoint
+from microbatch.engine.state_backend import StateBackend, parse_state_backend
 from microbatch.engine.state_budget import StateBudget
 from microbatch.exceptions import PlanError, TriggerError
 from microbatch.observability.latency import LatencyProbe, latency_columns
@@ -90,6 +91,7 @@ class DataStreamWriter:
         flush_at_end: bool = False,
         hold_watermark: bool = False,
         pipelined: bool = False,
+        state_backend: StateBackend = "memory",
     ) -> StreamingQuery:
         """Start the query in a background thread and return its handle.
 
@@ -140,6 +142,21 @@ class DataStreamWriter:
             :class:`~microbatch.StateBudgetExceededError`, naming the largest
             operators and how to bound them, and is not committed (restart with a
             larger budget, a TTL or a shorter window to run it again, exactly once).
+            With ``state_backend="lmdb"`` the keyed stores' rows are on disk and
+            count 0 bytes: the budget then bounds what stays in memory (the
+            append buffers of append-mode windows, join buffers).
+        state_backend
+            Where the keyed state's rows live: ``"memory"`` (default: numpy arrays
+            in this process, the fastest), or ``"lmdb"`` (alias ``"disk"``: an
+            embedded LMDB database beside the state files, ``pip install
+            'microbatch[disk]'``), for state larger than memory. Window
+            aggregates, ``drop_duplicates``, ``fire_once``, sessions and
+            ``transform_with_state`` keep their keyed stores on disk; append-mode
+            windows' partials and stream-stream joins stay in memory. Both keep
+            the same changelog and snapshot files with the same guarantees, and
+            the backend is recorded in the checkpoint: a restart with the other
+            one converts (it rebuilds from those files). With the Ray executor each
+            shard's stores keep their database in the shard's directory.
         flush_at_end
             With a bounded trigger (``"available-now"`` or ``"once"``): after the
             last batch of input, advance the watermark to the end of input (the
@@ -228,6 +245,7 @@ class DataStreamWriter:
                 f"got {durability!r}"
             )
         budget = StateBudget.of(state_memory_budget)
+        backend = parse_state_backend(state_backend)
         spec = parse_trigger(trigger)
         if hold_watermark and isinstance(spec, ProcessingTime):
             raise TriggerError(
@@ -251,7 +269,7 @@ class DataStreamWriter:
         execution = self._execution(
             Checkpoint(root), spec, retention=retention, name=name, durability=durability,
             executor=executor, state_budget=budget, flush_at_end=flush_at_end,
-            hold_watermark=hold_watermark, pipelined=pipelined,
+            hold_watermark=hold_watermark, pipelined=pipelined, state_backend=backend,
         )
         return StreamingQuery(execution, name=name)._start(
             metrics_port=metrics_port, metrics_host=metrics_host
@@ -336,7 +354,7 @@ class DataStreamWriter:
         durability: Durability, executor: Executor | None,
         state_budget: StateBudget | None = None, flush_at_end: bool = False,
         hold_watermark: bool = False, replay: RecordedBatches | None = None,
-        pipelined: bool = False,
+        pipelined: bool = False, state_backend: str = "memory",
     ) -> MicroBatchExecution:
         return MicroBatchExecution(
             plan=self.plan,
@@ -356,6 +374,7 @@ class DataStreamWriter:
             hold_watermark=hold_watermark,
             replay=replay,
             pipelined=pipelined,
+            state_backend=state_backend,
         )
 
     def describe(self) -> dict[str, Any]:

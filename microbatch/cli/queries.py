@@ -151,6 +151,7 @@ def _run_query(
     flush_at_end: bool = False,
     hold_watermark: bool = False,
     pipelined: bool = False,
+    state_backend: str = "memory",
 ) -> tuple[StreamingQuery, RunStats, QueryTerminatedError | None]:
     """Start ``writer`` and follow it until it ends.
 
@@ -164,7 +165,7 @@ def _run_query(
                          metrics_host=metrics_host, durability=durability,
                          executor=executor, state_memory_budget=state_memory_budget,
                          flush_at_end=flush_at_end, hold_watermark=hold_watermark,
-                         pipelined=pipelined)
+                         pipelined=pipelined, state_backend=state_backend)  # type: ignore[arg-type]
     if query.metrics_url:
         display.note(f"serving Prometheus metrics on {query.metrics_url}")
     stats, error = _follow(query, stopper, display, baseline, seconds=seconds)
@@ -303,6 +304,11 @@ def run(
         metavar="SIZE", help="Stop with a clear error (exit 1), naming the operator and the "
                              "fix, when the state outgrows SIZE (e.g. 512MB, 2GB) in a batch; "
                              "the batch is not committed.")] = None,
+    state_backend: Annotated[str, typer.Option(
+        metavar="NAME", help="Where keyed state lives: memory (default) or lmdb (alias disk: "
+                             "an on-disk database, for state larger than memory; needs "
+                             "microbatch\\[disk]). Recorded in the checkpoint; a restart with "
+                             "the other backend converts.")] = "memory",
     flush: Annotated[bool, typer.Option(
         "--flush", help="With --trigger available-now or once: after the last batch, advance "
                         "the watermark to the end of input and emit every window still open "
@@ -347,7 +353,8 @@ def run(
                                          durability=durability.value,
                                          executor=executor,
                                          state_memory_budget=state_memory_budget,
-                                         flush_at_end=flush, pipelined=pipelined)
+                                         flush_at_end=flush, pipelined=pipelined,
+                                         state_backend=state_backend)
     if error is not None:
         raise _query_failed(query, error, job)
     _finish(query, stats, stopper)

@@ -101,6 +101,9 @@ class ShardedRunner:
         self.skew_alarm = skew_alarm
         self.skew_min_rows = skew_min_rows
         self.state_root: Path | None = None
+        self.state_backend = "memory"
+        """Where each shard keeps keyed state (set before ``open``: the driver's
+        ``writer.start(state_backend=...)``); every worker is told."""
         self.batch_id = 0
         self.actors: list[Any] = []
         self.worker_info: list[dict[str, Any]] = []
@@ -449,6 +452,7 @@ class ShardedRunner:
                 output_mode=self.output_mode,
                 durability=self.durability,
                 layout=self.layout,
+                state_backend=self.state_backend,
                 sys_path=list(sys.path),
             )
             for w in range(self.workers)

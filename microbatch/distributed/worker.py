@@ -153,6 +153,7 @@ class ShardWorker:
         durability: Durability,
         layout: ShardLayout,
         sys_path: list[str],
+        state_backend: str = "memory",
     ) -> None:
         for entry in reversed(sys_path):  # the driver's imports (job files' directories)
             if entry not in sys.path:
@@ -161,6 +162,7 @@ class ShardWorker:
         self.output_mode: OutputMode = output_mode
         self.durability: Durability = durability
         self.layout = layout
+        self.state_backend = state_backend
         self.frontier = frontier(self.plan)
         # NOTE: the plan's sources are stubs here (position, schema): see shipping
         self.source_schemas: dict[str, pl.Schema | None] = {
@@ -172,7 +174,8 @@ class ShardWorker:
         self.state_root: str | None = None
 
     def _executor(self) -> BatchExecutor:
-        executor = BatchExecutor(self.plan, output_mode=self.output_mode)
+        executor = BatchExecutor(self.plan, output_mode=self.output_mode,
+                                 state_backend=self.state_backend)
         executor.tracker = ObservingTracker(executor.tracker)
         return executor
 

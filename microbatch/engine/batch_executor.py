@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from microbatch._deprecation import moved_names
+from microbatch.checkpoint.files import make_dirs
+from microbatch.engine.state_backend import BACKEND_FILE, record_backend
 from microbatch.engine.watermark import PARTITION_COLUMN, WatermarkSpec, WatermarkTracker
 from microbatch.exceptions import IncompatibleCheckpointError, PlanError
 from microbatch.frames import collect
@@ -79,8 +81,12 @@ class BatchExecutor:
     order) and its watermark tracker (nodes ``wm-0``…).
     """
 
-    def __init__(self, plan: PlanNode, *, output_mode: OutputMode = "append") -> None:
+    def __init__(
+        self, plan: PlanNode, *, output_mode: OutputMode = "append", state_backend: str = "memory"
+    ) -> None:
         self.plan = plan
+        self.state_backend = state_backend
+        """Where the operators keep keyed state (:mod:`microbatch.engine.state_backend`)."""
         self._ids = source_ids(plan)
         self._wm_ids: dict[int, str] = {}
         self._ops = build_operators(plan, output_mode)
@@ -128,7 +134,14 @@ class BatchExecutor:
             refuse_sharded(state_root)
             check_operator_set(state_root, batch_id, self.operators)
         for op in self.operators:
-            op.open(None if state_root is None else state_root / op.operator_id, batch_id)
+            op.state_backend = self.state_backend
+            op_dir = None if state_root is None else state_root / op.operator_id
+            if op_dir is not None and (
+                self.state_backend != "memory" or (op_dir / BACKEND_FILE).exists()
+            ):
+                make_dirs(op_dir)
+                record_backend(op_dir, self.state_backend)
+            op.open(op_dir, batch_id)
 
     def execute(
         self,
@@ -239,7 +252,9 @@ class BatchExecutor:
         return None
 
     def close(self) -> None:
-        """Nothing to release: the operators' stores live in this process."""
+        """Release the operators' state (the databases of an on-disk backend)."""
+        for op in self.operators:
+            op.close()
 
 
 def refuse_sharded(state_root: Path) -> None:

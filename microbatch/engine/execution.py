@@ -93,7 +93,7 @@ from microbatch.engine.split_reads import BatchInputs, input_of
 from microbatch.engine.state_budget import StateBudget
 from microbatch.engine.trigger_loops import loop_for
 from microbatch.engine.watermark import closes_state, event_time_reach_ms
-from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError
+from microbatch.exceptions import CheckpointCorruptError, IncompatibleCheckpointError, PlanError
 from microbatch.observability.latency import LatencyProbe
 from microbatch.observability.progress import ProgressStore
 from microbatch.observability.record import BatchFacts, progress_record
@@ -196,6 +196,20 @@ def _id_list(ids: list[int], limit: int = 10) -> str:
     return f"[{shown}]" if len(ids) <= limit else f"[{shown}, ... {len(ids) - limit} more]"
 
 
+def bind_state_backend(runner: PlanRunner, backend: str) -> PlanRunner:
+    """Give the runner's operators ``backend`` (the local executor's, or every Ray
+    shard's: each shard's stores keep a database in their own directory); PlanError
+    for a runner that cannot."""
+    if backend != "memory":
+        if not hasattr(runner, "state_backend"):
+            raise PlanError(
+                f"state_backend={backend!r} is not supported by the {type(runner).__name__} "
+                "executor: use state_backend='memory'"
+            )
+        runner.state_backend = backend
+    return runner
+
+
 class MicroBatchExecution:
     """Runs one query: recovers from its checkpoint, then batches per trigger."""
 
@@ -220,6 +234,7 @@ class MicroBatchExecution:
         hold_watermark: bool = False,
         replay: RecordedBatches | None = None,
         pipelined: bool = False,
+        state_backend: str = "memory",
     ) -> None:
         self.plan = plan
         self.pipelined = pipelined
@@ -246,8 +261,10 @@ class MicroBatchExecution:
         self.clock = clock
         self.name = name
         self.sources: dict[str, Source] = {str(i): s for i, s in enumerate(plan.sources())}
-        self.executor: PlanRunner = (executor or LocalExecutor()).runner(
-            plan, output_mode=output_mode, durability=durability
+        self.executor: PlanRunner = bind_state_backend(
+            (executor or LocalExecutor()).runner(plan, output_mode=output_mode,
+                                                 durability=durability),
+            state_backend,
         )
         self.tracker = self.executor.tracker
         if hold_watermark:

@@ -84,6 +84,9 @@ class StatefulOperator(ABC):
     """
 
     operator_id: str = "op"
+    state_backend: str = "memory"
+    """Where keyed stores keep their rows (set by the executor before ``open``:
+    :mod:`microbatch.engine.state_backend`)."""
 
     @abstractmethod
     def signature(self) -> dict[str, Any]:
@@ -126,6 +129,17 @@ class StatefulOperator(ABC):
     def metrics(self) -> dict[str, Any]:
         """State metrics of the last batch (rows, bytes, commit time...)."""
         return {}
+
+    def close(self) -> None:
+        """Release what the state holds open (an on-disk backend's databases); a
+        later ``open`` opens them again. Staged changes are discarded."""
+        providers = [getattr(self, "provider", None)]
+        store_set = getattr(self, "state", None)
+        providers += list(getattr(store_set, "providers", {}).values())
+        for provider in providers:
+            close = getattr(provider, "close", None)
+            if close is not None:
+                close()
 
 
 class SingleStoreOperator(StatefulOperator):

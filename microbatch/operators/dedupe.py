@@ -87,11 +87,12 @@ class Deduplicate(SingleStoreOperator):
                     self.store = self.provider.load(batch_id)
 
     def _make_provider(self, schema: dict[str, Any]) -> None:
-        from statestore import StateStoreProvider
+        from statestore.backends import make_provider
 
         assert self.state_dir is not None
-        self.provider = StateStoreProvider(
+        self.provider = make_provider(
             self.state_dir,
+            backend=self.state_backend,
             key_schema=schema["keys"],
             value_schema=schema["values"],
             time_column=EXPIRES,

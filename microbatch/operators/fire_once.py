@@ -101,11 +101,12 @@ class FireOnce(SingleStoreOperator):
                 self._make_provider(recorded)
 
     def _make_provider(self, schema: dict[str, Any]) -> None:
-        from statestore import StateStoreProvider
+        from statestore.backends import make_provider
 
         assert self.state_dir is not None
-        self.provider = StateStoreProvider(
+        self.provider = make_provider(
             self.state_dir,
+            backend=self.state_backend,
             key_schema=schema["keys"],
             value_schema=schema["values"],
             time_column=EXPIRE,

@@ -96,6 +96,7 @@ class SessionAggregate(StatefulOperator):
 
     def open(self, state_dir: Path | None, batch_id: int) -> None:
         self.state_dir = state_dir
+        self.state.backend = self.state_backend
         if state_dir is not None:
             check_signature(state_dir, self.signature())
             recorded = read_keyed_schema(state_dir)

@@ -31,6 +31,8 @@ class StoreSet:
     """Named state stores of one operator, loaded, committed and aborted together."""
 
     def __init__(self) -> None:
+        self.backend = "memory"
+        """Where stores defined from now on keep their rows (the operator's backend)."""
         self.providers: dict[str, StateStoreProvider] = {}
         self.loaded: dict[str, StateStore] = {}
 
@@ -50,10 +52,11 @@ class StoreSet:
     ) -> None:
         """Add store ``name`` kept under ``directory`` (``added_values``: value columns
         that older versions lack; they read as nulls)."""
-        from statestore import StateStoreProvider
+        from statestore.backends import make_provider
 
-        self.providers[name] = StateStoreProvider(
-            directory, key_schema=key_schema, value_schema=value_schema, time_column=time_column,
+        self.providers[name] = make_provider(
+            directory, backend=self.backend, key_schema=key_schema, value_schema=value_schema,
+            time_column=time_column,
             added_values=added_values,
         )
 

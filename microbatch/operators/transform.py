@@ -98,6 +98,7 @@ class TransformWithState(StatefulOperator):
     def open(self, state_dir: Path | None, batch_id: int) -> None:
         self.state_dir = state_dir
         self.state = StoreSet()
+        self.state.backend = self.state_backend
         if state_dir is None:
             return
         check_signature(state_dir, self.signature())

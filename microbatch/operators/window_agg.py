@@ -201,10 +201,11 @@ class WindowAggregate(SingleStoreOperator):
         self.layout = schema["layout"]
         if self.state_dir is None:
             raise AssertionError("stateful operators need a checkpoint directory")
-        from statestore import StateStoreProvider
+        from statestore.backends import make_provider
 
-        self.provider = StateStoreProvider(
+        self.provider = make_provider(
             self.state_dir,
+            backend=self.state_backend,
             key_schema=schema["keys"],
             value_schema=schema["values"],
             time_column=EXPIRE if self.window is not None or self.ttl_ms is not None else None,

@@ -184,6 +184,8 @@ def snapshot(roots: tuple[Path, ...]) -> Tree:
             continue
         dirs.add(root)
         for path in sorted(root.rglob("*")):
+            if DATABASE_DIR in path.relative_to(root).parts:
+                continue  # the disk backend's database: not written through the layer
             if path.is_dir():
                 dirs.add(path)
             elif path.is_file():
@@ -366,13 +368,24 @@ PATHS: dict[str, harness.JobSpec] = {
     "pipelined: file -> Delta, sessions": harness.JobSpec(
         source="files", agg="session", sink="delta", files=8, cap=1, gap="3s",
         snapshot_every=2, state_retention=2, pipelined=True),
+    "disk state store (lmdb): sessions": harness.JobSpec(
+        source="files", agg="session", sink="parquet", files=8, cap=1, gap="3s",
+        snapshot_every=2, state_retention=2, state_backend="lmdb"),
 }
 """The job paths explored: the reliability job's files source (JSON lines with
 bad lines) into a Parquet or Delta sink; the third snapshots every 2 versions
 and purges beyond 2, so snapshots, changelogs and deletes all happen. The
 fourth runs ``pipelined``: batch N's Delta commit and ``commits/N`` interleave
 with batch N+1's write-ahead and state commit, so a crash may leave two batches
-uncommitted."""
+uncommitted. The fifth keeps the sessions' keyed stores in the on-disk LMDB
+backend: its database is written by a C library the recorder cannot see, and it
+is a cache of the Arrow files the recorder does see, so every crash state is
+recovered twice over: without the database (lost: rebuilt from the files) on
+even states, and with the database as the base run left it (behind the files:
+rolled forward, or rebuilt when its version's file is gone) on odd ones."""
+
+DATABASE_DIR = "lmdb"
+"""The on-disk backend's database directories: outside the recorded tree."""
 
 FROM_SCRATCH = frozenset({"first start: file -> Parquet"})
 """Paths recorded from an empty directory: the first run creates the checkpoint,
@@ -410,7 +423,8 @@ def run_job(spec: harness.JobSpec, work: Path) -> None:
     with state_store_defaults(spec):
         query = reliability_job.build(params).start(checkpoint=work / "chk",
                                                    trigger="available-now",
-                                                   pipelined=spec.pipelined)
+                                                   pipelined=spec.pipelined,
+                                                   state_backend=spec.state_backend)
         try:
             query.await_termination()
         finally:
@@ -463,6 +477,8 @@ def explore(name: str, spec: harness.JobSpec, work: Path, *, per_point: int = 16
     if not from_scratch:
         run_job(spec, work)  # the durable base state
     base = snapshot(roots)
+    databases = {p: p.read_bytes() for p in (work / "chk").rglob(f"{DATABASE_DIR}/*")
+                 if p.is_file()}
     soak.land(spec.files)
     trace = Trace(roots)
     with recording(trace):
@@ -489,6 +505,11 @@ def explore(name: str, spec: harness.JobSpec, work: Path, *, per_point: int = 16
                     len(chosen), 0)
     for i, (state, tree) in enumerate(chosen):
         tree.write(roots)
+        if i % 2 and databases:  # the database as the base run left it, behind the files
+            for path, data in databases.items():
+                if path.parent.parent.is_dir():
+                    path.parent.mkdir(exist_ok=True)
+                    path.write_bytes(data)
         problem = check_state(spec, work)
         if problem is None:
             report.recovered += 1

@@ -32,12 +32,13 @@ ROWS, CAP, GAP_MS = 8_000, 250, 10_000
 KEYS = ["window_start", "window_end", "card_id"]
 
 
-def command(chk: Path, out: Path, mode: str) -> list[str]:
+def command(chk: Path, out: Path, mode: str, backend: str = "memory") -> list[str]:
     return [
         sys.executable, "-m", "microbatch.cli", "run", str(JOB),
         "--checkpoint", str(chk), "--trigger", "available-now",
         "--param", f"output={out}", "--param", f"rows={ROWS}",
         "--param", f"max_records_per_batch={CAP}", "--param", f"mode={mode}",
+        "--state-backend", backend,
     ]  # fmt: skip
 
 
@@ -94,13 +95,17 @@ def applied(changes: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(list(table.values()), schema=changes.drop("_change_type").schema)
 
 
-@pytest.mark.parametrize("mode", ["update", "changelog"])
+@pytest.mark.parametrize(
+    ("mode", "backend"), [("update", "memory"), ("changelog", "memory"), ("update", "lmdb")]
+)
 def test_sessions_into_delta_under_sigkill_equal_one_shot_sessions(
-    tmp_path: Path, mode: str
+    tmp_path: Path, mode: str, backend: str
 ) -> None:
+    """``backend="lmdb"``: the sessions' keyed stores live in the on-disk database,
+    which a kill may leave one version ahead of the commit log or behind the files."""
     chk, out = tmp_path / "chk", tmp_path / "out"
     seed = int(os.environ.get("CRASH_SEED", "2828"))
-    kills = run_with_kills(command(chk, out, mode), chk, tmp_path / "stderr.log",
+    kills = run_with_kills(command(chk, out, mode, backend), chk, tmp_path / "stderr.log",
                            random.Random(seed), kills=3, most_commits=8, most_delay_s=0.05)
     assert kills == 3
     want = one_shot_sessions()
@@ -117,3 +122,5 @@ def test_sessions_into_delta_under_sigkill_equal_one_shot_sessions(
     stale = got.join(want, on=KEYS, how="anti")
     assert stale.height == 0, f"{stale.height} stale sessions, e.g. {stale.head(3)}"
     assert_frame_equal(got.select(want.columns).sort(KEYS), want)
+    if backend == "lmdb":
+        assert list((chk / "state").rglob("lmdb/data.mdb")), "the state was not on disk"

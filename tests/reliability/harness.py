@@ -119,6 +119,8 @@ class JobSpec:
     """Share of POSTs the receiver answers with 503 (retried by the sink)."""
     pipelined: bool = False
     """Run with ``--pipelined`` (sink and commit of N beside batch N+1)."""
+    state_backend: str = "memory"
+    """``--state-backend``: ``"lmdb"`` keeps the keyed state in the on-disk database."""
 
     @property
     def landed_input(self) -> bool:
@@ -385,7 +387,9 @@ class Soak:
             env["RELIABILITY_STATE_FAULT"] = f"{when}:{kind}:{(kill.batch or 0) + 1}"
         cmd = [sys.executable, "-m", "microbatch.cli", "run", str(JOB), "--checkpoint",
                str(self.chk), "--trigger", "available-now", *self.spec.params(self.work),
-               *(["--pipelined"] if self.spec.pipelined else [])]
+               *(["--pipelined"] if self.spec.pipelined else []),
+               *(["--state-backend", self.spec.state_backend]
+                 if self.spec.state_backend != "memory" else [])]
         log = self.work / "stderr.log"
         started = time.monotonic()
         with log.open("wb") as err:
