@@ -12,6 +12,7 @@ broker, the S3 server) are per worker: each worker has its own
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
 import sys
@@ -76,6 +77,27 @@ def _unavailable(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"Kafka tests cannot run in CI: {reason}", pytrace=False)
     pytest.skip(f"!!! KAFKA TESTS SKIPPED: {reason} !!!")
+
+
+@pytest.fixture(autouse=True)
+def _logger_levels_restored() -> Iterator[None]:
+    """Each test starts with the ``microbatch`` loggers as the last one found them:
+    a test that runs the CLI in this process (``CliRunner``) gets its logging set
+    up, which quiets ``microbatch.api.query`` for the rest of the process and
+    hid a later test's warning depending on which tests shared its worker."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name.startswith("microbatch")]
+    before = [(lg, lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    yield
+    for lg, level, propagate, disabled in before:
+        lg.setLevel(level)
+        lg.propagate = propagate
+        lg.disabled = disabled
+    known = {id(lg) for lg in loggers}
+    for name in list(logging.root.manager.loggerDict):
+        lg = logging.getLogger(name)
+        if name.startswith("microbatch") and id(lg) not in known:
+            lg.setLevel(logging.NOTSET)  # NOTE: made during the test: back to the default
 
 
 @pytest.fixture(scope="session")
