@@ -326,8 +326,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.executors = args.executors or ",".join(
         LAKE_EXECUTORS if args.source == "lake" else EXECUTORS)
-    import ray
-
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     cores = os.cpu_count() or 1
     with contextlib.ExitStack() as stack:
@@ -337,8 +335,12 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.local_ray_cluster import local_cluster
 
             per_node = max(cores // args.nodes, 1)
+            # NOTE: before ray is imported: it reads the cluster's auth token at import
             address = stack.enter_context(local_cluster(args.nodes, per_node))
             where = f"{args.nodes} nodes of {per_node} CPU on this machine ({address})"
+        import ray
+
+        if address is not None:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         else:
             ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False,

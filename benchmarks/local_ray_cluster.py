@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -54,11 +55,16 @@ def _processes_of(marker: str) -> set[int]:
 
 @contextlib.contextmanager
 def local_cluster(nodes: int, cpus_per_node: int) -> Iterator[str]:
-    """The address of a ``nodes``-node Ray cluster on 127.0.0.1 (stopped on exit)."""
+    """The address of a ``nodes``-node Ray cluster on 127.0.0.1 (stopped on exit),
+    with token authentication (this process's environment gets the token)."""
     temp = tempfile.mkdtemp(prefix="mbray", dir="/tmp")  # NOTE: short: Ray's socket paths
     port = _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    token = Path(temp) / "token"  # NOTE: token auth on, as Ray's default; nodes share it
+    token.write_text(secrets.token_hex(32))
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **auth}
     env.pop("RAY_ADDRESS", None)
+    os.environ.update(auth)  # NOTE: this process joins the cluster as its driver
     common = [f"--num-cpus={cpus_per_node}", "--disable-usage-stats"]
     try:
         subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}",
