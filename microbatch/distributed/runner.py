@@ -438,7 +438,10 @@ class ShardedRunner:
 
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))  # type: ignore[no-untyped-call]
         self.alive_nodes = nodes
-        self.worker_info = []  # NOTE: the old workers' nodes no longer matter
+        # NOTE: where each new worker goes, until it says where it is: a node that dies
+        # while they start (Ray may still call it alive for ~17 s) is then noticed
+        self.worker_info = [{"node_id": nodes[w % len(nodes)], "pid": None}
+                            for w in range(self.workers)] if nodes else []
         self._check_cluster()
         remote = ray.remote(ShardWorker)
         self.actors = [
