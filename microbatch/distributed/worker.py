@@ -251,9 +251,11 @@ class ShardWorker:
                 visible = _visible(part)
                 if combiner is not None:
                     got = combiner.combine_slice(visible, ctx)
+                    # NOTE: a slice without partials (they cannot be exact) counts as one
+                    # group per row: it did not pay, and the next batches stop trying
+                    tried[0] += part.height if got is None else got[0].height
+                    tried[1] += part.height
                     if got is not None:
-                        tried[0] += got[0].height
-                        tried[1] += part.height
                         share = got[0].height / max(part.height, 1)
                         if share > MAX_PARTIAL_SHARE and part.height >= MIN_COMBINE_ROWS:
                             got = None  # as many groups as rows: the rows are smaller
