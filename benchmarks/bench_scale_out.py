@@ -124,14 +124,7 @@ def run_files(
     ``FILES_PER_BATCH`` Parquet files written beforehand, and the driver
     process's CPU time per batch (all its threads, the read-ahead's included;
     start and stop of the query spread over the batches)."""
-    landing = tempfile.mkdtemp(prefix="mb-scale-files-")
-    for b, frame in enumerate(frames):
-        size = -(-frame.height // FILES_PER_BATCH)
-        for f in range(FILES_PER_BATCH):
-            path = os.path.join(landing, f"b{b:04d}-{f}.parquet")
-            frame.slice(f * size, size).write_parquet(path)
-            stamp = 1_700_000_000_000_000_000 + (b * FILES_PER_BATCH + f) * 10**6
-            os.utime(path, ns=(stamp, stamp))
+    landing = write_landing(frames)
     src = mb.read_files(landing, format="parquet", schema=SCHEMA,
                         max_files_per_batch=FILES_PER_BATCH)
     ex = None if executor == "local" else mb.RayExecutor(

@@ -23,7 +23,7 @@ import os
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 import polars as pl
 import pyarrow as pa
@@ -158,6 +158,14 @@ def read_arrow(
     expected = dict(schema)
     if kind == "changelog":
         expected["__op"] = pl.Int8()
+    return _fit_schema(frame, expected, added, path)
+
+
+def _fit_schema(
+    frame: pl.DataFrame, expected: dict[str, Any], added: Collection[str], path: Path
+) -> pl.DataFrame:
+    """``frame`` with the columns added to the schema since it was written (as
+    nulls), or :class:`StateStoreError` when it holds another schema."""
     absent = [c for c in added if c in expected and c not in frame.columns]
     if absent:
         frame = frame.with_columns(
@@ -309,18 +317,7 @@ def iter_arrow(
     expected = dict(schema)
     for i in range(reader.num_record_batches):
         frame = pl.DataFrame(pa.Table.from_batches([reader.get_batch(i)]))
-        absent = [c for c in added if c in expected and c not in frame.columns]
-        if absent:
-            frame = frame.with_columns(
-                [pl.lit(None, expected[c]).alias(c) for c in absent]
-            ).select(list(expected))
-        if dict(frame.schema) != expected:
-            raise StateStoreError(
-                f"state file {path} has columns {dict(frame.schema)}, but the store's schema "
-                f"is {expected}: the operator's state schema changed. Use a new state "
-                "directory (or the old schema)."
-            )
-        yield frame
+        yield _fit_schema(frame, expected, added, path)
 
 
 @dataclass(frozen=True)
