@@ -202,17 +202,7 @@ def _exact_group_by(
             exprs.append((col.cast(pl.Float64) * 2.0**-b0).cast(pl.Int128).sum().alias(out.name))
             finals.append((pl.col(out.name).cast(pl.Float64) * 2.0**b0).alias(out.name))
             continue
-        match out.op, col:
-            case "count", pl.Expr():
-                exprs.append(col.count().cast(pl.Int64).alias(out.name))
-            case "isum", pl.Expr():
-                exprs.append(col.sum().alias(out.name))
-            case "min", pl.Expr():
-                exprs.append(col.min().alias(out.name))
-            case "max", pl.Expr():
-                exprs.append(col.max().alias(out.name))
-            case _:
-                exprs.append(pl.len().cast(pl.Int64).alias(out.name))
+        exprs.append(_exact_partial(out.op, col).alias(out.name))
         finals.append(pl.col(out.name))
     packing = _packing(stats, keys, spec)
     run = collect_exact if streaming else collect
@@ -353,21 +343,12 @@ def slice_partials(
     exprs: list[pl.Expr] = []
     for out in plan.outputs:
         col = pl.col(out.column) if out.column is not None else None
-        match out.op, col:
-            case "fsum", pl.Expr():
-                b0 = scale.get(out.column or "", 0)
-                exprs.append((col.cast(pl.Float64) * 2.0**-b0).cast(pl.Int128).sum()
-                             .cast(_WIRE_INT128).alias(out.name))
-            case "count", pl.Expr():
-                exprs.append(col.count().cast(pl.Int64).alias(out.name))
-            case "isum", pl.Expr():
-                exprs.append(col.sum().alias(out.name))
-            case "min", pl.Expr():
-                exprs.append(col.min().alias(out.name))
-            case "max", pl.Expr():
-                exprs.append(col.max().alias(out.name))
-            case _:
-                exprs.append(pl.len().cast(pl.Int64).alias(out.name))
+        if out.op == "fsum" and col is not None:
+            b0 = scale.get(out.column or "", 0)
+            exprs.append((col.cast(pl.Float64) * 2.0**-b0).cast(pl.Int128).sum()
+                         .cast(_WIRE_INT128).alias(out.name))
+        else:
+            exprs.append(_exact_partial(out.op, col).alias(out.name))
     grouped = collect(live.group_by(list(plan.keys), maintain_order=True).agg(exprs))
     fsums = {o.name for o in plan.outputs if o.op == "fsum"}
     return grouped.with_columns(
@@ -417,3 +398,19 @@ def merge_slice_partials(
         *[(pl.col(name).cast(pl.Float64) * 2.0 ** scale[column]).alias(name)
           for name, column in fsum.items() if column is not None],
     ).with_columns(pl.col(n).cast(d) for n, d in plan.dtypes.items() if n in merged.columns)
+
+
+def _exact_partial(op: str, col: pl.Expr | None) -> pl.Expr:
+    """The partial of an aggregate that is exact in any grouping (counts, integer
+    sums, mins, maxes; a row count without a column)."""
+    match op, col:
+        case "count", pl.Expr():
+            return col.count().cast(pl.Int64)
+        case "isum", pl.Expr():
+            return col.sum()
+        case "min", pl.Expr():
+            return col.min()
+        case "max", pl.Expr():
+            return col.max()
+        case _:
+            return pl.len().cast(pl.Int64)
