@@ -47,7 +47,7 @@ import polars as pl
 from statestore.codec import CODEC_VERSION, MAX_KEY_BYTES, RowCodec, binary_parts, with_flag
 from statestore.contract import VersionKeeper
 from statestore.exceptions import StateStoreError
-from statestore.schema import FOUND_COLUMN, OP_COLUMN, StateSchema
+from statestore.schema import FOUND_COLUMN, OP_COLUMN, StateSchema, lookup_for_upsert
 from statestore.versioned import VersionedState
 
 if TYPE_CHECKING:
@@ -372,17 +372,10 @@ class DiskStateStore(VersionedState):
         """Insert or replace rows by key (a key at most once per call). O(len(rows))."""
         self._check_open()
         schema = self._schema
-        extra = [c for c in rows.columns if schema.spec(c) is None]
-        if extra:
-            raise StateStoreError(f"upsert: columns {extra} are not in the state schema")
+        last = lookup_for_upsert(schema, rows, self._last_lookup, self._mutations,
+                                 keys_from_lookup=keys_from_lookup)
         frame = schema.conform(rows, schema.columns, "upsert")
-        if keys_from_lookup:
-            last = self._last_lookup
-            if last is None or last[0] != self._mutations or len(last[1]) != rows.height:
-                raise StateStoreError(
-                    "upsert(keys_from_lookup=True) needs the rows of the last lookup() with "
-                    "no change to the store in between; call upsert without it"
-                )
+        if last is not None:
             encoded = last[1]
             self._put(frame, encoded, track=True, old_times=self._lookup_times)
         else:

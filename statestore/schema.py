@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -243,3 +244,24 @@ class StateSchema:
                 f"pop_expired({t!r}): time column {spec.name!r} is {spec.dtype}; pass an int"
             )
         return int(pl.Series([t]).cast(spec.dtype).to_physical()[0])
+
+
+def lookup_for_upsert(
+    schema: StateSchema, rows: pl.DataFrame, last: tuple[Any, ...] | None, mutations: int,
+    *, keys_from_lookup: bool,
+) -> tuple[Any, ...] | None:
+    """What every keyed store checks before an upsert: no column outside
+    ``schema``; with ``keys_from_lookup``, the store's last lookup (``(mutations
+    then, keys, ...)``) whose keys ``rows`` carries, refused after a change to
+    the store or for another row count. ``None`` without ``keys_from_lookup``."""
+    extra = [c for c in rows.columns if schema.spec(c) is None]
+    if extra:
+        raise StateStoreError(f"upsert: columns {extra} are not in the state schema")
+    if not keys_from_lookup:
+        return None
+    if last is None or last[0] != mutations or len(last[1]) != rows.height:
+        raise StateStoreError(
+            "upsert(keys_from_lookup=True) needs the rows of the last lookup() with "
+            "no change to the store in between; call upsert without it"
+        )
+    return last

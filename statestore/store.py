@@ -17,7 +17,7 @@ from statestore.contract import VersionKeeper
 from statestore.exceptions import StateStoreError
 from statestore.hashindex import HashIndex, KeyEqual
 from statestore.rows import RowStore, unique_slots
-from statestore.schema import FOUND_COLUMN, OP_COLUMN, Parts, StateSchema
+from statestore.schema import FOUND_COLUMN, OP_COLUMN, Parts, StateSchema, lookup_for_upsert
 from statestore.timeindex import TimeIndex
 from statestore.versioned import VersionedState
 
@@ -114,18 +114,9 @@ class StateStore(VersionedState):
         """
         self._check_open()
         schema = self._schema
-        extra = [c for c in rows.columns if schema.spec(c) is None]
-        if extra:
-            raise StateStoreError(f"upsert: columns {extra} are not in the state schema")
-        cached = None
-        if keys_from_lookup:
-            last = self._last_lookup
-            if last is None or last[0] != self._mutations or len(last[1]) != rows.height:
-                raise StateStoreError(
-                    "upsert(keys_from_lookup=True) needs the rows of the last lookup() with "
-                    "no change to the store in between; call upsert without it"
-                )
-            cached = last[1:]
+        last = lookup_for_upsert(schema, rows, self._last_lookup, self._mutations,
+                                 keys_from_lookup=keys_from_lookup)
+        cached = None if last is None else last[1:]
         self._upsert(schema.conform(rows, schema.columns, "upsert"), track=True, cached=cached)
 
     def delete(self, keys: pl.DataFrame) -> None:
