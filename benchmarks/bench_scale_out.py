@@ -133,15 +133,21 @@ def run_files(
     cpu0 = time.process_time()
     q = query(src).write_memory(name).start(tempfile.mkdtemp(prefix="mb-scale-"),
                                             trigger="available-now", executor=ex)
-    try:
-        assert q.await_termination(1800)
-        if q.exception is not None:
-            raise q.exception
-        records = [r for r in q.recent_progress if r["input_rows"] > 0]
-    finally:
-        q.stop()
+    records = run_to_end(q)
     cpu_ms = (time.process_time() - cpu0) * 1000 / max(len(records), 1)
     return records[warm:], cpu_ms
+
+
+def run_to_end(q: Any) -> list[dict[str, Any]]:
+    """The progress records with input of an ``available-now`` query, once it
+    ended (its failure raised)."""
+    try:
+        assert q.await_termination(3600)
+        if q.exception is not None:
+            raise q.exception
+        return [r for r in q.recent_progress if r["input_rows"] > 0]
+    finally:
+        q.stop()
 
 
 FILE_HEADER = ("rows/batch", "executor", "ms/batch", "driver CPU/batch", "driver read",
@@ -208,14 +214,7 @@ def run_lake(executor: str, landing: str, warm: int, address: str | None
     root = tempfile.mkdtemp(prefix="mb-scale-out-")
     q = query(src).write_delta(os.path.join(root, "q1")).start(
         os.path.join(root, "chk"), trigger="available-now", executor=ex)
-    try:
-        assert q.await_termination(3600)
-        if q.exception is not None:
-            raise q.exception
-        records = [r for r in q.recent_progress if r["input_rows"] > 0]
-    finally:
-        q.stop()
-    return records[warm:]
+    return run_to_end(q)[warm:]
 
 
 def lake_main(args: argparse.Namespace, address: str | None, where: str) -> None:
