@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,ray,disk]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,ray,disk,iceberg]'
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo 'warning: could not install chromium (tests/observability renders the report with it)'; fi
 	touch $(STAMP)
 
