@@ -19,7 +19,7 @@ same data and address (the fault tests do). From a shell, run it through the
 
 ``fetch`` resolves ``org.apache.kafka:kafka_2.13`` (``$MICROBATCH_KAFKA_VERSION``,
 else the first of :data:`VERSIONS` that resolves) plus ``slf4j-simple`` 1.7.36 with
-Maven (``scripts/kafka-pom.xml``) into
+Maven (``scripts/kafka-pom.xml``, through :mod:`scripts.maven_jars`) into
 ``${MICROBATCH_CACHE:-~/.cache/microbatch}/kafka-<version>/lib``, outside the repo.
 The cache is filled under a temporary name and renamed into place, so an
 interrupted fetch never leaves a half-filled ``lib``.
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -51,17 +50,18 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+try:
+    from scripts import maven_jars
+except ImportError:  # run as a file (scripts/kafka): scripts/ itself is on sys.path
+    import maven_jars  # type: ignore[no-redef]
+
 HERE = Path(__file__).resolve().parent
 POM = HERE / "kafka-pom.xml"
 VERSIONS = ("4.1.2", "4.1.1", "4.1.0", "3.9.1")
 """Kafka versions tried in order when ``$MICROBATCH_KAFKA_VERSION`` is not set."""
-DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
-"""Pinned: Maven 3.8's default dependency plugin is too old for copy-dependencies
-of a pom-packaged project."""
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0
 JVM_OPTS = ("-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true")
-_MARKER = ".complete"
 _STARTED_LINE = "Kafka Server started"
 
 
@@ -78,34 +78,18 @@ reaps one that was killed from outside before it starts the next."""
 # --------------------------------------------------------------------------- fetch
 
 
-def cache_root() -> Path:
-    """``$MICROBATCH_CACHE`` or ``~/.cache/microbatch``."""
-    return Path(os.environ.get("MICROBATCH_CACHE") or Path.home() / ".cache" / "microbatch")
-
-
 def lib_dir(version: str) -> Path:
     """Where the jars of ``version`` live once fetched."""
-    return cache_root() / f"kafka-{version}" / "lib"
+    return maven_jars.lib_dir("kafka", version)
 
 
 def fetched_version() -> str | None:
     """A version already in the cache (the preferred one first), or ``None``."""
     wanted = os.environ.get("MICROBATCH_KAFKA_VERSION")
     for version in (wanted,) if wanted else VERSIONS:
-        if (lib_dir(version) / _MARKER).exists():
+        if maven_jars.is_fetched("kafka", version):
             return version
     return None
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def fetch(*, quiet: bool = False) -> Path:
@@ -115,55 +99,21 @@ def fetch(*, quiet: bool = False) -> Path:
     :class:`BrokerError` with Maven's output when none resolves.
     """
     wanted = os.environ.get("MICROBATCH_KAFKA_VERSION")
-    versions = (wanted,) if wanted else VERSIONS
-    if shutil.which("mvn") is None:
-        have = fetched_version()
-        if have:
-            return lib_dir(have)
-        raise BrokerError("fetch needs Maven (mvn) on PATH to download the Kafka broker jars")
+    have = fetched_version()
+    if have:
+        return lib_dir(have)
     errors = []
-    with _locked(cache_root() / ".fetch.lock"):
-        for version in versions:
-            lib = lib_dir(version)
-            if (lib / _MARKER).exists():
-                return lib
-            tmp = lib.with_name(f"lib.tmp-{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            cmd = [
-                "mvn", "-B", "-q", "-f", str(POM),
-                f"-Dkafka.version={version}",
-                f"-Dmaven.repo.local={cache_root() / 'm2'}",
-                f"{DEPENDENCY_PLUGIN}:copy-dependencies",
-                "-DincludeScope=runtime",
-                f"-DoutputDirectory={tmp}",
-            ]
-            t0 = time.monotonic()
-            if not quiet:
-                print(f"fetching Kafka {version} jars with Maven ...", file=sys.stderr)
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode == 0 and any(tmp.glob(f"kafka_2.13-{version}.jar")):
-                (tmp / _MARKER).write_text(f"{version}\n")
-                shutil.rmtree(lib, ignore_errors=True)
-                tmp.rename(lib)
-                if not quiet:
-                    print(
-                        f"fetched Kafka {version} into {lib} in {time.monotonic() - t0:.1f}s",
-                        file=sys.stderr,
-                    )
-                return lib
-            shutil.rmtree(tmp, ignore_errors=True)
-            errors.append(f"{version}: {(done.stdout + done.stderr).strip()[-1500:]}")
+    for version in (wanted,) if wanted else VERSIONS:
+        try:
+            return maven_jars.fetch_jars(POM, "kafka", version,
+                                         properties={"kafka.version": version},
+                                         expect=f"kafka_2.13-{version}.jar", quiet=quiet)
+        except maven_jars.FetchError as exc:
+            errors.append(str(exc))
     raise BrokerError("no Kafka version could be fetched:\n" + "\n".join(errors))
 
 
 # --------------------------------------------------------------------------- start
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _port_free(port: int) -> bool:
@@ -214,14 +164,6 @@ def cluster_id() -> str:
         # Uuid.randomUuid() draws again in that case, and so do we
         if not cid.startswith("-"):
             return cid
-
-
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
-    if not java or not Path(java).exists():
-        raise BrokerError("the Kafka broker needs Java 17+ (java on PATH or JAVA_HOME)")
-    return java
 
 
 def _pid_alive(pid: int) -> bool:
@@ -305,7 +247,7 @@ def start(directory: Path, *, timeout_s: float = READY_TIMEOUT_S) -> str:
             return bootstrap
     version = fetched_version()
     lib = lib_dir(version) if version else fetch(quiet=False)
-    java = _java()
+    java = maven_jars.java_executable("the Kafka broker", BrokerError)
     classpath = f"{lib}/*"
     data = directory / "data"
     # a broker of ours that was killed from outside holds its ports until reaped
@@ -314,9 +256,9 @@ def start(directory: Path, *, timeout_s: float = READY_TIMEOUT_S) -> str:
     ports = json.loads(ports_file.read_text()) if ports_file.exists() else {}
     port, controller = ports.get("port"), ports.get("controller")
     if not (port and controller and _port_free(port) and _port_free(controller)):
-        port, controller = free_port(), free_port()
+        port, controller = maven_jars.free_port(), maven_jars.free_port()
         while controller == port:
-            controller = free_port()
+            controller = maven_jars.free_port()
     props = directory / "server.properties"
     props.write_text(server_properties(data, port, controller))
     ports_file.write_text(json.dumps({"port": port, "controller": controller}))
