@@ -20,6 +20,7 @@ This module never imports ``microbatch`` (the sinks layer sits below it).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,7 +123,7 @@ def resolve_catalog(
                 "configured catalog's name)"
             )
         if catalog.startswith(("http://", "https://")):
-            return load_catalog("rest", **{"type": "rest", "uri": catalog, **extra})
+            return _rest_catalog(catalog, extra)
         if "://" in catalog or catalog.startswith("sqlite:"):
             return load_catalog("sql", **{"type": "sql", "uri": catalog,
                                           "warehouse": _default_warehouse(catalog), **extra})
@@ -133,6 +134,23 @@ def resolve_catalog(
         raise SinkConfigError(
             f"cannot open Iceberg catalog {catalog_label(catalog)}: {_first_line(exc)} "
             "(check the catalog's URI, that its server runs, and its properties)"
+        ) from exc
+
+
+def _rest_catalog(uri: str, props: dict[str, str]) -> Catalog:
+    """The REST catalog at ``uri``; opening it asks the server for its config, so a
+    server that does not answer is named here, not at the first write."""
+    import requests
+    from pyiceberg.catalog import load_catalog
+
+    try:
+        return load_catalog("rest", **{"type": "rest", "uri": uri, **props})
+    except requests.ConnectionError as exc:
+        found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(exc))
+        reason = found.group(1).strip() if found else _first_line(exc)
+        raise SinkConfigError(
+            f"no Iceberg REST catalog answers at {uri} ({reason}): start the catalog's "
+            "server, or fix the URL (scheme, host and port)"
         ) from exc
 
 
