@@ -39,6 +39,8 @@ GROUPS = {
     "tests/delta/test_promote.py": "promote",
     # a module fixture: the live run and the replay every test compares
     "tests/cli/test_replay.py": "replay",
+    # the session's Iceberg REST catalog server: started on one worker, not on both
+    "tests/iceberg/test_iceberg_rest_catalog.py": "iceberg-rest",
 }
 """Node id prefix (from the repository root) -> the group whose tests share a worker."""
 

@@ -1,0 +1,98 @@
+"""The REST catalog path the Iceberg sink and source use, against a real server.
+
+Everything goes through ``sinks.iceberg_catalog.resolve_catalog("http://...")``
+and the local Iceberg REST catalog (``iceberg_rest_catalog`` in conftest.py):
+namespaces, a partitioned table, appends that carry snapshot properties, a
+fresh client reading them back, and the server refusing a stale writer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pytest
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import LongType, NestedField, StringType
+
+from scripts.iceberg_rest import RestCatalog
+from scripts.maven_jars import free_port
+from sinks.exceptions import SinkConfigError
+from sinks.iceberg_catalog import resolve_catalog
+
+SCHEMA = Schema(
+    NestedField(1, "account", StringType(), required=False),
+    NestedField(2, "amount", LongType(), required=False),
+)
+BY_ACCOUNT = PartitionSpec(
+    PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="account")
+)
+
+
+def _batch(accounts: list[str], amounts: list[int]) -> pa.Table:
+    return pa.table({"account": pa.array(accounts, pa.string()),
+                     "amount": pa.array(amounts, pa.int64())})
+
+
+def _namespace() -> str:
+    return f"ns_{uuid.uuid4().hex[:8]}"
+
+
+def test_partitioned_appends_with_snapshot_properties_read_back(
+    iceberg_rest_catalog: RestCatalog,
+) -> None:
+    writer = resolve_catalog(iceberg_rest_catalog.uri)
+    ns = _namespace()
+    writer.create_namespace(ns)
+    table = writer.create_table((ns, "payments"), schema=SCHEMA, partition_spec=BY_ACCOUNT)
+    batches = [_batch(["a", "b", "a"], [1, 2, 3]), _batch(["c", "a"], [4, 5])]
+    for batch_id, batch in enumerate(batches):
+        table.append(batch, snapshot_properties={"microbatch.batch-id": str(batch_id)})
+
+    reader = resolve_catalog(iceberg_rest_catalog.uri)  # a second client: state is the server's
+    assert (ns,) in reader.list_namespaces()
+    again = reader.load_table(f"{ns}.payments")
+    got = pl.DataFrame(again.scan().to_arrow())
+    want = pl.concat([pl.DataFrame(b) for b in batches])  # the one-shot oracle
+    assert got.sort(["account", "amount"]).equals(want.sort(["account", "amount"]))
+    assert [f.name for f in again.spec().fields] == ["account"]
+    snapshots = again.snapshots()
+    assert [s.summary["microbatch.batch-id"] for s in snapshots if s.summary] == ["0", "1"]
+    assert again.current_snapshot() is not None
+    assert again.current_snapshot().snapshot_id == snapshots[-1].snapshot_id  # type: ignore[union-attr]
+    # the server wrote the metadata and the client the data, both in the local warehouse
+    table_dir = iceberg_rest_catalog.warehouse / ns / "payments"
+    assert {p.name for p in (table_dir / "data").iterdir()} == {
+        "account=a", "account=b", "account=c"}
+    assert Path(again.metadata_location.removeprefix("file:")).parent == table_dir / "metadata"
+
+
+def test_the_server_refuses_a_commit_on_a_stale_table(iceberg_rest_catalog: RestCatalog) -> None:
+    catalog = resolve_catalog(iceberg_rest_catalog.uri)
+    ns = _namespace()
+    catalog.create_namespace(ns)
+    # no client-side retry: PyIceberg would otherwise rebase the append and commit again
+    catalog.create_table((ns, "t"), schema=SCHEMA, partition_spec=BY_ACCOUNT,
+                         properties={"commit.retry.num-retries": "0"})
+    first = resolve_catalog(iceberg_rest_catalog.uri).load_table((ns, "t"))
+    second = resolve_catalog(iceberg_rest_catalog.uri).load_table((ns, "t"))
+    first.append(_batch(["a"], [1]), snapshot_properties={"writer": "first"})
+    with pytest.raises(CommitFailedException):
+        second.append(_batch(["b"], [2]), snapshot_properties={"writer": "second"})
+
+    after = catalog.load_table((ns, "t"))
+    assert after.scan().to_arrow().to_pydict() == {"account": ["a"], "amount": [1]}
+    assert [s.summary["writer"] for s in after.snapshots() if s.summary] == ["first"]
+
+
+def test_a_rest_url_with_nothing_listening_says_so() -> None:
+    port = free_port()  # free a moment ago: nothing listens there
+    with pytest.raises(SinkConfigError, match=(
+        rf"no Iceberg REST catalog answers at http://127\.0\.0\.1:{port} "
+        r"\(Connection refused\): start the catalog's server")):
+        resolve_catalog(f"http://127.0.0.1:{port}")
