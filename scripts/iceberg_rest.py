@@ -107,10 +107,14 @@ def _answers(uri: str) -> bool:
 
 
 def _log_tail(log: Path, lines: int = 30) -> str:
+    """The last ``lines`` of the server's log, after the innermost Java cause
+    (``Caused by: java.net.BindException: Address already in use``)."""
     try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        text = log.read_text(errors="replace").splitlines()
     except OSError:
         return "(no server.log)"
+    causes = [line for line in text if line.startswith("Caused by: ")]
+    return "\n".join(causes[-1:] + text[-lines:])
 
 
 def _stop(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:

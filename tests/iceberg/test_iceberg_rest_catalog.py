@@ -20,7 +20,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
-from scripts.iceberg_rest import RestCatalog
+from scripts.iceberg_rest import RestCatalog, running_catalog
 from scripts.maven_jars import free_port
 from sinks.exceptions import SinkConfigError
 from sinks.iceberg_catalog import resolve_catalog
@@ -96,3 +96,15 @@ def test_a_rest_url_with_nothing_listening_says_so() -> None:
         rf"no Iceberg REST catalog answers at http://127\.0\.0\.1:{port} "
         r"\(Connection refused\): start the catalog's server")):
         resolve_catalog(f"http://127.0.0.1:{port}")
+
+
+def test_the_server_stops_with_its_block_and_its_directory_keeps_the_catalog(
+    tmp_path: Path,
+) -> None:
+    with running_catalog(tmp_path) as first:
+        resolve_catalog(first.uri).create_namespace("kept")
+    with pytest.raises(SinkConfigError, match="Connection refused"):
+        resolve_catalog(first.uri)  # stopped: nothing listens on its port any more
+    with running_catalog(tmp_path) as second:  # the same catalog.db, a new port
+        assert ("kept",) in resolve_catalog(second.uri).list_namespaces()
+    assert (tmp_path / "catalog.db").is_file()
