@@ -208,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 signal.pause()
     except RestCatalogError as exc:
-        print(f"scripts/iceberg-rest {args.command}: {exc}", file=sys.stderr)
-        return 1
+        parser.exit(1, f"scripts/iceberg-rest {args.command}: {exc}\n")
     return 0
 
 

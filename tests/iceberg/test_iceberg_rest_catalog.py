@@ -8,6 +8,10 @@ fresh client reading them back, and the server refusing a stale writer.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -25,6 +29,7 @@ from scripts.maven_jars import free_port
 from sinks.exceptions import SinkConfigError
 from sinks.iceberg_catalog import resolve_catalog
 
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = Schema(
     NestedField(1, "account", StringType(), required=False),
     NestedField(2, "amount", LongType(), required=False),
@@ -98,13 +103,24 @@ def test_a_rest_url_with_nothing_listening_says_so() -> None:
         resolve_catalog(f"http://127.0.0.1:{port}")
 
 
-def test_the_server_stops_with_its_block_and_its_directory_keeps_the_catalog(
+def test_the_server_stops_with_its_block_or_sigterm_and_its_directory_keeps_the_catalog(
     tmp_path: Path,
 ) -> None:
     with running_catalog(tmp_path) as first:
         resolve_catalog(first.uri).create_namespace("kept")
     with pytest.raises(SinkConfigError, match="Connection refused"):
         resolve_catalog(first.uri)  # stopped: nothing listens on its port any more
-    with running_catalog(tmp_path) as second:  # the same catalog.db, a new port
-        assert ("kept",) in resolve_catalog(second.uri).list_namespaces()
-    assert (tmp_path / "catalog.db").is_file()
+
+    # the shell command on the same directory: the same catalog.db, a new port
+    env = {**os.environ, "MICROBATCH_PYTHON": sys.executable}
+    with subprocess.Popen([str(ROOT / "scripts" / "iceberg-rest"), "run", str(tmp_path)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env) as proc:
+        assert proc.stdout is not None
+        uri = proc.stdout.readline().strip()  # printed once the server answers
+        assert uri.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.stderr else ""
+        assert ("kept",) in resolve_catalog(uri).list_namespaces()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    with pytest.raises(SinkConfigError, match="Connection refused"):
+        resolve_catalog(uri)  # the server went with the command
