@@ -644,6 +644,14 @@ class DeltaSource(Source):
             out.extend((version, f) for f in commit.files[lo:hi])
         return out
 
+    backlog_unit = "versions"
+    """What :meth:`progress_items` counts files by (``microbatch backfill``)."""
+
+    def progress_items(self, start: Any, end: Any) -> list[tuple[int, int | None]]:
+        """``(version, rows)`` of every data file in ``[start, end)``, in log order
+        (rows from the file's statistics, ``None`` when not recorded)."""
+        return [(version, f.rows) for version, f in self.files_between(start, end, strict=False)]
+
     def backlog(self, start: Any, end: Any) -> Backlog:
         """Versions with data, files and rows in ``[start, end)`` (for progress)."""
         files = self.files_between(start, end, strict=False)

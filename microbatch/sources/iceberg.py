@@ -592,6 +592,15 @@ class IcebergSource(Source):
         pieces, schema_id = self._pieces(start, end, strict=strict)
         return [f for _, files in pieces for f in files], schema_id
 
+    backlog_unit = "snapshots"
+    """What :meth:`progress_items` counts files by (``microbatch backfill``)."""
+
+    def progress_items(self, start: Any, end: Any) -> list[tuple[int, int | None]]:
+        """``(snapshot id, rows)`` of every data file in ``(start, end]``, in lineage
+        order (rows from the manifest)."""
+        pieces, _ = self._pieces(start, end, strict=False)
+        return [(sid, f.rows) for sid, files in pieces for f in files]
+
     def backlog(self, start: Any, end: Any) -> Backlog:
         """Snapshots with data, files and rows in ``(start, end]`` (for progress)."""
         pieces, _ = self._pieces(start, end, strict=False)
