@@ -59,7 +59,14 @@ from urllib.parse import unquote
 import polars as pl
 
 from microbatch.exceptions import PlanError, SourceError
-from microbatch.sources.base import ReadSplit, Source, SourceBatch, SourceContext, balanced_runs
+from microbatch.sources.base import (
+    ReadSplit,
+    Source,
+    SourceBatch,
+    SourceContext,
+    balanced_runs,
+    check_batch_cap,
+)
 
 log = logging.getLogger("microbatch.sources.delta")
 
@@ -406,14 +413,7 @@ class DeltaSource(Source):
                 f"read_delta: starting_version must be a version number >= 0, "
                 f"got {starting_version!r}"
             )
-        if max_files_per_batch is not None and (
-            isinstance(max_files_per_batch, bool) or not isinstance(max_files_per_batch, int)
-            or max_files_per_batch < 1
-        ):
-            raise PlanError(
-                f"read_delta: max_files_per_batch must be a positive integer or None, "
-                f"got {max_files_per_batch!r}"
-            )
+        check_batch_cap(max_files_per_batch, option="max_files_per_batch", reader="read_delta")
         self.starting_version = starting_version
         self.starting_timestamp_ms = (
             None if starting_timestamp is None else _instant_ms(starting_timestamp)

@@ -58,7 +58,14 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import polars as pl
 
 from microbatch.exceptions import PlanError, SourceError
-from microbatch.sources.base import ReadSplit, Source, SourceBatch, SourceContext, balanced_runs
+from microbatch.sources.base import (
+    ReadSplit,
+    Source,
+    SourceBatch,
+    SourceContext,
+    balanced_runs,
+    check_batch_cap,
+)
 from microbatch.sources.delta import _instant_ms
 
 if TYPE_CHECKING:
@@ -285,14 +292,7 @@ class IcebergSource(Source):
                 "read_iceberg: starting_snapshot must be a snapshot id, 'earliest' or 'latest', "
                 f"got {starting_snapshot!r}"
             )
-        if max_files_per_batch is not None and (
-            isinstance(max_files_per_batch, bool) or not isinstance(max_files_per_batch, int)
-            or max_files_per_batch < 1
-        ):
-            raise PlanError(
-                f"read_iceberg: max_files_per_batch must be a positive integer or None, "
-                f"got {max_files_per_batch!r}"
-            )
+        check_batch_cap(max_files_per_batch, option="max_files_per_batch", reader="read_iceberg")
         if ignore_changes and skip_change_commits:
             raise PlanError(
                 "read_iceberg: ignore_changes=True reads the files of overwrite/delete "
