@@ -350,7 +350,11 @@ class IcebergSource(Source):
         """The table's current schema when first asked (for planning and for batches
         without rows)."""
         if self._current_schema is None:
-            self._current_schema = polars_schema(self.table().metadata, None)
+            if self._table is None:
+                self._table = self._load()
+            if self._table is None:  # not created yet: open() says so
+                return None
+            self._current_schema = polars_schema(self._table.metadata, None)
         return self._current_schema
 
     # -- lifecycle --------------------------------------------------------------
@@ -360,6 +364,12 @@ class IcebergSource(Source):
         from the catalog (new snapshots)."""
         if self._table is None:
             self._table = self._load()
+            if self._table is None:
+                raise SourceError(
+                    f"read_iceberg: catalog {self.catalog_label} has no Iceberg table "
+                    f"{self.name}; create the table first, or fix the name (namespace.table) "
+                    "or the catalog"
+                )
         elif refresh:
             try:
                 self._table = self._table.refresh()
@@ -370,21 +380,17 @@ class IcebergSource(Source):
                 ) from exc
         return self._table
 
-    def _load(self) -> Table:
+    def _load(self) -> Table | None:
+        """The table from the catalog, ``None`` when the catalog has no such table;
+        a catalog that cannot be opened raises :class:`SourceError`."""
         from sinks.exceptions import SinkConfigError
         from sinks.iceberg_catalog import load_iceberg_table, resolve_catalog
 
         try:
             catalog = resolve_catalog(self.catalog, storage_options=self.storage_options)
-            table = load_iceberg_table(catalog, self.ident)
+            return load_iceberg_table(catalog, self.ident)
         except SinkConfigError as exc:
             raise SourceError(f"read_iceberg: {exc}") from None
-        if table is None:
-            raise SourceError(
-                f"read_iceberg: catalog {self.catalog_label} has no Iceberg table {self.name}; "
-                "create the table first, or fix the name (namespace.table) or the catalog"
-            )
-        return table
 
     def open(self, ctx: SourceContext) -> None:
         """Load the table (refused with a clear error when it does not exist)."""

@@ -36,27 +36,41 @@ def opened(catalog: str, table: str = "db.events", **options) -> IcebergSource:
     return source
 
 
-@settings(max_examples=6, deadline=None,
+def batches(files: int, cap: int | None) -> int:
+    """How many batches an available-now run takes for ``files`` new files."""
+    return -(-files // cap) if cap else min(files, 1)
+
+
+@settings(max_examples=10, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
-       cap=st.sampled_from([None, 1, 2]))
-def test_streaming_random_snapshots_equals_the_whole_table(
-    catalog_uri: str, tmp_path: Path, sizes: list[int], cap: int | None
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=7),
+       cut=st.integers(0, 7), cap=st.sampled_from([None, 1, 2, 3]))
+def test_streaming_random_snapshots_with_a_restart_equals_the_whole_table(
+    catalog_uri: str, tmp_path: Path, sizes: list[int], cut: int, cap: int | None
 ) -> None:
+    """Snapshots of random sizes, a run, more snapshots, a run on the same
+    checkpoint: every row of the table exactly once."""
     name = f"db.t{uuid.uuid4().hex[:8]}"
     table = new_table(catalog_uri, name)
-    append_snapshots(table, sizes)
-    sink = f"iceberg_{uuid.uuid4().hex}"
-    query = (mb.read_iceberg(name, catalog=catalog_uri, max_files_per_batch=cap)
-             .write_memory(sink).start(trigger="available-now"))
-    assert query.await_termination(60)
-    got, want = mb.table(sink), whole_table(table)
-    files = sum(1 for n in sizes if n)  # PyIceberg writes one file per non-empty append
-    if files:
+    chk = tmp_path / uuid.uuid4().hex / "chk"
+
+    def run() -> None:
+        query = (mb.read_iceberg(name, catalog=catalog_uri, max_files_per_batch=cap)
+                 .write_parquet(chk.parent / "out").start(chk, trigger="available-now"))
+        assert query.await_termination(60)
+
+    nxt = append_snapshots(table, sizes[:cut])
+    run()
+    append_snapshots(table.refresh(), sizes[cut:], start_id=nxt)
+    run()
+    want = whole_table(table)
+    if want.height:
+        got = mb.parquet_table(chk.parent / "out")
         assert_frame_equal(got.sort("event_id"), want.sort("event_id"))
-    else:
-        assert got.height == want.height == 0
-    assert len(query.recent_progress) == (-(-files // cap) if cap else min(files, 1))
+    # PyIceberg writes one file per non-empty append
+    files = [sum(1 for n in part if n) for part in (sizes[:cut], sizes[cut:])]
+    committed = len(list((chk / "commits").glob("[0-9]*"))) if chk.exists() else 0
+    assert committed == sum(batches(f, cap) for f in files)
 
 
 def test_window_aggregation_over_an_iceberg_source_equals_its_oracle(
@@ -294,6 +308,12 @@ def test_starting_snapshot_variants_and_expired_snapshots(
     assert sorted(got["event_id"].to_list()) == list(range(30, 42))
 
 
-def test_missing_table_is_a_clear_error(catalog_uri: str) -> None:
+def test_missing_table_and_catalog_are_clear_errors(catalog_uri: str, tmp_path: Path) -> None:
     with pytest.raises(mb.SourceError, match=r"has no Iceberg table db\.nothing"):
         opened(catalog_uri, "db.nothing")
+    # a stream can name a table created later: the query's start says it is missing
+    writer = mb.read_iceberg("db.nothing", catalog=catalog_uri).write_memory("nothing")
+    with pytest.raises(mb.SourceError, match="create the table first"):
+        writer.start(tmp_path / "chk", trigger="available-now")
+    with pytest.raises(mb.SourceError, match="cannot open Iceberg catalog nosuch"):
+        opened("nosuch")
