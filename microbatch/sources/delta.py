@@ -808,17 +808,19 @@ def _check_offset(offset: Any, uri: str) -> tuple[int, int]:
     )
 
 
-def _instant_ms(value: datetime | str) -> int:
+def _instant_ms(value: datetime | str, *, reader: str = "read_delta") -> int:
+    """``value`` (a datetime, naive meaning UTC, or ISO-8601 text) in epoch ms;
+    :class:`PlanError` naming ``reader`` when it is neither."""
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError as exc:
             raise PlanError(
-                f"read_delta: starting_timestamp {value!r} is not an ISO-8601 time"
+                f"{reader}: starting_timestamp {value!r} is not an ISO-8601 time"
             ) from exc
     if not isinstance(value, datetime):
         raise PlanError(
-            f"read_delta: starting_timestamp must be a datetime or ISO-8601 string, "
+            f"{reader}: starting_timestamp must be a datetime or ISO-8601 string, "
             f"got {value!r}"
         )
     if value.tzinfo is None:
