@@ -10,13 +10,13 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pytest
+from fault_points import raise_at
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from iceberg_helpers import append_snapshots, compact, events, new_table, whole_table
 from polars.testing import assert_frame_equal
 
 import microbatch as mb
-from microbatch.engine.faults import InjectedFault
 from microbatch.sources.base import SourceContext
 from microbatch.sources.iceberg import IcebergSource
 
@@ -162,14 +162,8 @@ def test_a_crash_between_offsets_and_commit_replays_the_same_files(
         return (mb.read_iceberg("db.events", catalog=catalog_uri, max_files_per_batch=3)
                 .write_parquet(out).start(chk, trigger="available-now"))
 
-    for point in ("after_read", "after_sink", "after_commit"):
-        monkeypatch.setenv("MICROBATCH_FAULT", f"{point}@{ {'after_read': 1}.get(point, 2)}")
-        monkeypatch.setenv("MICROBATCH_FAULT_ACTION", "raise")
-        query = start()
-        with pytest.raises(mb.QueryTerminatedError):
-            query.await_termination(60)
-        assert isinstance(query.exception, InjectedFault)
-    monkeypatch.delenv("MICROBATCH_FAULT")
+    for point in ("after_read@1", "after_sink@2", "after_commit@2"):
+        raise_at(monkeypatch, point, start)
     assert start().await_termination(60)
     got = mb.parquet_table(out)
     assert sorted(got["event_id"].to_list()) == list(range(80))
