@@ -112,6 +112,8 @@ def test_offsets_positions_and_replays_read_the_same_rows(catalog_uri: str) -> N
     assert source.latest_offset(second) == second  # nothing new
     again = IcebergSource("db.events", catalog=catalog_uri)  # another process replays
     assert again.read(start, first).data.equals(source.read(start, first).data)
+    shipped_source = pickle.loads(pickle.dumps(source))  # reloads its table where it lands
+    assert shipped_source.read(start, first).data.equals(source.read(start, first).data)
     assert source.read(first, second).data["event_id"].to_list() == list(range(30, 60))
     backlog = source.backlog(start, second)
     assert (backlog.snapshots, backlog.files, backlog.rows) == (3, 3, 60)
