@@ -147,3 +147,13 @@ def table_name() -> str:
 def chk(tmp_path: Path) -> Path:
     """A checkpoint directory path (not yet created)."""
     return tmp_path / "chk"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[Any]:
+    """``moto_server`` on 127.0.0.1 with a free port, once per xdist worker: the
+    S3-compatible store of the Delta and Iceberg object-storage tests."""
+    from s3_server import running_s3_server
+
+    with running_s3_server() as server:
+        yield server

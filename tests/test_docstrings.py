@@ -48,6 +48,7 @@ DOCUMENTED = [
     "microbatch.api.readers.read_files",
     "microbatch.api.readers.read_kafka",
     "microbatch.api.readers.read_delta",
+    "microbatch.api.readers.read_iceberg",
     "microbatch.api.readers.generate",
     "microbatch.api.readers.table",
     "microbatch.api.readers.parquet_table",

@@ -445,6 +445,105 @@ def read_delta(
     )
 
 
+def read_iceberg(
+    table: str,
+    *,
+    catalog: Any,
+    starting_snapshot: int | Literal["earliest", "latest"] | None = None,
+    starting_timestamp: datetime | str | None = None,
+    max_files_per_batch: int | None = None,
+    ignore_changes: bool = False,
+    skip_change_commits: bool = False,
+    storage_options: Mapping[str, str] | None = None,
+) -> Stream:
+    """A stream of the rows appended to an Iceberg table, snapshot by snapshot.
+
+    The table's snapshot lineage is the log: each batch reads the data files
+    added by a recorded range of snapshots, so replays read the same rows. New
+    snapshots are picked up by later batches (the table is reloaded from the
+    catalog when a batch is planned); compaction (``replace``) snapshots are
+    skipped. A snapshot that overwrites or deletes stops the query with a
+    :class:`~microbatch.SourceError` naming it, unless ``skip_change_commits``
+    or ``ignore_changes``. Rows are read by field id with the schema of the
+    range's last snapshot (added columns are null in older files, renamed
+    columns keep their values). See :mod:`microbatch.sources.iceberg`.
+
+    Parameters
+    ----------
+    table
+        ``"namespace.table"``.
+    catalog
+        A ``pyiceberg`` Catalog, a mapping of catalog properties, or a string:
+        ``sqlite:///PATH.db``, ``http(s)://HOST`` (REST), or a configured
+        catalog's name (see :mod:`sinks.iceberg_catalog`).
+    starting_snapshot
+        A snapshot id of the current lineage (read from it on, inclusive),
+        ``"earliest"`` (default: the whole history; refused when old snapshots
+        were expired) or ``"latest"`` (only snapshots committed later).
+    starting_timestamp
+        Start at the first snapshot committed at or after this instant (a
+        ``datetime``, naive meaning UTC, or an ISO-8601 string). Not together
+        with ``starting_snapshot``.
+    max_files_per_batch
+        At most this many data files per batch (``None``: every new file).
+    ignore_changes
+        Read the added files of overwrite/delete snapshots instead of stopping
+        (the surviving rows of rewritten files are emitted again).
+    skip_change_commits
+        Skip overwrite/delete snapshots instead of stopping (rows they add are
+        not read; right when they only delete). Not with ``ignore_changes``.
+    storage_options
+        For ``s3://`` warehouses: delta-rs style options (``AWS_ENDPOINT_URL``,
+        ``AWS_ACCESS_KEY_ID``, ...) or PyIceberg ``s3.*`` FileIO properties.
+
+    Returns
+    -------
+    Stream
+
+    Raises
+    ------
+    PlanError
+        For a table name without a namespace, both starting options, both
+        change options, or an option out of range.
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa
+    >>> from sinks.iceberg_catalog import resolve_catalog
+    >>> catalog = f"sqlite:///{tempfile.mkdtemp()}/iceberg.db"
+    >>> iceberg = resolve_catalog(catalog)
+    >>> iceberg.create_namespace("db")
+    >>> tbl = iceberg.create_table("db.events", schema=pa.schema([("id", pa.int64())]))
+    >>> tbl.append(pa.table({"id": [1, 2]}))
+    >>> tbl.append(pa.table({"id": [3]}))
+    >>> query = (
+    ...     mb.read_iceberg("db.events", catalog=catalog, max_files_per_batch=1)
+    ...     .write_memory("doc_read_iceberg")
+    ...     .start(trigger="available-now")
+    ... )
+    >>> query.await_termination()
+    True
+    >>> mb.table("doc_read_iceberg")["id"].to_list()
+    [1, 2, 3]
+    >>> [p["input_rows"] for p in query.recent_progress]
+    [2, 1]
+    """
+    from microbatch.sources.iceberg import IcebergSource
+
+    return stream_of(
+        IcebergSource(
+            table,
+            catalog=catalog,
+            starting_snapshot=starting_snapshot,
+            starting_timestamp=starting_timestamp,
+            max_files_per_batch=max_files_per_batch,
+            ignore_changes=ignore_changes,
+            skip_change_commits=skip_change_commits,
+            storage_options=dict(storage_options) if storage_options else None,
+        )
+    )
+
+
 def generate(
     *,
     rows_per_second: float | None = 1000,

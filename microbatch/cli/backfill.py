@@ -1,11 +1,12 @@
 """Progress of a replay backfill (``microbatch backfill``).
 
 A backfill runs a job with the ``available-now`` trigger: every batch up to
-what its sources hold at start, then it stops. For Delta sources the whole
-backlog is known up front from the table's log (versions, data files and,
-from the files' statistics, rows), so progress is shown against it: a rich
-progress bar on a terminal (rows and versions/files done of total, rate,
-ETA), one plain line per batch otherwise. Other sources show rows and
+what its sources hold at start, then it stops. For Delta and Iceberg sources
+the whole backlog is known up front from the table's log: Delta versions,
+data files and, from the files' statistics, rows; Iceberg snapshots (of the
+lineage), data files and rows (from the manifests). Progress is shown against
+it: a rich progress bar on a terminal (rows and versions or snapshots / files
+done of total, rate, ETA), one plain line per batch otherwise. Other sources show rows and
 batches without a total.
 
 The tracker reads the log through its own copies of the job's sources (the
@@ -41,18 +42,24 @@ from microbatch.api.writer import DataStreamWriter
 from microbatch.cli.display import BatchLines, LiveLine, RunStats, out
 from microbatch.exceptions import SourceError
 from microbatch.observability.progress_schema import ProgressRecord
-from microbatch.sources.delta import Backlog, DeltaSource
+from microbatch.sources.delta import DeltaSource
+from microbatch.sources.iceberg import IcebergSource
 from microbatch.types import Offset
+
+LakeSource = DeltaSource | IcebergSource
+"""The sources whose backlog a backfill knows up front (their log says it)."""
 
 
 @dataclass
 class _Tracked:
     sid: str
-    source: DeltaSource
+    source: LakeSource
     start: Offset
-    total: Backlog
+    total_units: int
+    total_files: int
+    total_rows: int | None
     last: Offset = None
-    versions: set[int] = field(default_factory=set)
+    units: set[int] = field(default_factory=set)
     files: int = 0
     rows: int | None = 0
 
@@ -61,23 +68,27 @@ class _Tracked:
         last = self.start if self.last is None else self.last
         if self.source.compare(end, last) <= 0:
             return
-        for version, file in self.source.files_between(last, end, strict=False):
-            self.versions.add(version)
+        for unit, rows in self.source.progress_items(last, end):
+            self.units.add(unit)
             self.files += 1
-            self.rows = None if self.rows is None or file.rows is None else self.rows + file.rows
+            self.rows = None if self.rows is None or rows is None else self.rows + rows
         self.last = end
 
 
 @dataclass(frozen=True)
 class Done:
-    """Progress so far, summed over the job's Delta sources."""
+    """Progress so far, summed over the job's Delta and Iceberg sources."""
 
     versions: int
+    """Delta versions and Iceberg snapshots with data read (the ``unit``)."""
     files: int
     rows: int | None
     total_versions: int
     total_files: int
     total_rows: int | None
+    unit: str = "versions"
+    """What ``versions`` counts: ``versions`` (Delta), ``snapshots`` (Iceberg) or
+    ``commits`` (both)."""
 
     @property
     def fraction(self) -> float | None:
@@ -90,26 +101,33 @@ class Done:
 
 
 class BackfillTracker:
-    """Knows each Delta source's backlog for this run and how much of it is done."""
+    """Knows each Delta or Iceberg source's backlog for this run and how much of it
+    is done."""
 
     def __init__(self, writer: DataStreamWriter, checkpoint: Path) -> None:
         resume = _resume_offsets(checkpoint)
         self.tracked: list[_Tracked] = []
         for i, source in enumerate(writer.plan.sources()):
-            if not isinstance(source, DeltaSource):
+            if not isinstance(source, DeltaSource | IcebergSource):
                 continue
             sid = str(i)
             copy = source.clone()
             start = resume.get(sid)
-            if start is None or not _is_delta_offset(start):
+            if start is None or not _is_offset_of(copy, start):
                 start = copy.initial_offset()
             target = copy.latest_offset(start, capped=False)
-            self.tracked.append(_Tracked(sid, copy, start, copy.backlog(start, target)))
+            items = copy.progress_items(start, target)
+            rows = [r for _, r in items]
+            self.tracked.append(_Tracked(
+                sid, copy, start, total_units=len({u for u, _ in items}), total_files=len(items),
+                total_rows=None if any(r is None for r in rows) else sum(r or 0 for r in rows)))
+        units = {t.source.backlog_unit for t in self.tracked}
+        self.unit = units.pop() if len(units) == 1 else "commits"
         self.started = time.monotonic()
 
     @property
     def has_totals(self) -> bool:
-        """True when the job reads at least one Delta table."""
+        """True when the job reads at least one Delta or Iceberg table."""
         return bool(self.tracked)
 
     def done(self, record: ProgressRecord | None) -> Done:
@@ -119,29 +137,35 @@ class BackfillTracker:
         rows: int | None = 0
         for t in self.tracked:
             end = ends.get(t.sid)
-            if end is not None and _is_delta_offset(end):
+            if end is not None and _is_offset_of(t.source, end):
                 # e.g. the log was cleaned up meanwhile: the query itself reports that
                 with contextlib.suppress(SourceError):
                     t.advance(end)
-            versions += len(t.versions)
+            versions += len(t.units)
             files += t.files
             rows = None if rows is None or t.rows is None else rows + t.rows
         total_rows: int | None = 0
         for t in self.tracked:
-            total_rows = None if total_rows is None or t.total.rows is None \
-                else total_rows + t.total.rows
+            total_rows = None if total_rows is None or t.total_rows is None \
+                else total_rows + t.total_rows
         return Done(
             versions=versions,
             files=files,
             rows=rows,
-            total_versions=max(versions, sum(t.total.versions for t in self.tracked)),
-            total_files=max(files, sum(t.total.files for t in self.tracked)),
+            total_versions=max(versions, sum(t.total_units for t in self.tracked)),
+            total_files=max(files, sum(t.total_files for t in self.tracked)),
             total_rows=None if total_rows is None else max(total_rows, rows or 0),
+            unit=self.unit,
         )
 
 
-def _is_delta_offset(offset: Offset) -> bool:
-    return isinstance(offset, dict) and {"version", "index"} <= offset.keys()
+def _is_offset_of(source: LakeSource, offset: Offset) -> bool:
+    """True when ``offset`` is a position of ``source``'s kind."""
+    try:
+        source.compare(offset, offset)
+    except SourceError:
+        return False
+    return True
 
 
 def _resume_offsets(checkpoint: Path) -> dict[str, Offset]:
@@ -174,7 +198,8 @@ def summary_line(done: Done, stats: RunStats, elapsed_s: float) -> str:
     rows_total = f"/{done.total_rows:,}" if done.total_rows is not None else ""
     pct = f" ({fraction * 100:.1f}%)" if fraction is not None else ""
     return (
-        f"versions {done.versions}/{done.total_versions} │ files {done.files}/{done.total_files}"
+        f"{done.unit} {done.versions}/{done.total_versions} │ "
+        f"files {done.files}/{done.total_files}"
         f" │ rows {rows_done:,}{rows_total}{pct} │ {rate:,.0f} rows/s │ "
         f"ETA {_eta(done, elapsed_s)}"
     )
@@ -238,7 +263,7 @@ class BackfillBar(LiveLine):
         rows = "" if done.rows is None else f"rows {done.rows:,}"
         if done.total_rows is not None:
             rows += f"/{done.total_rows:,}"
-        return (f"{rows} │ versions {done.versions}/{done.total_versions} │ "
+        return (f"{rows} │ {done.unit} {done.versions}/{done.total_versions} │ "
                 f"files {done.files}/{done.total_files}")
 
     def batch(self, record: ProgressRecord, stats: RunStats) -> None:

@@ -1,4 +1,4 @@
-"""The commands over tables and logs: ``diff`` (two Delta tables) and ``lateness``
+"""The commands over tables and logs: ``diff`` (two Delta or Iceberg tables) and ``lateness``
 (what watermark delays and allowed lateness cost on a log)."""
 
 from __future__ import annotations
@@ -54,10 +54,12 @@ def _print_diff(result: Any, a: str, b: str) -> None:
 
 
 def diff(
-    table_a: Annotated[str, typer.Argument(metavar="TABLE_A", show_default=False,
-                                           help="A Delta table: a path or URI (s3://...).")],
+    table_a: Annotated[str, typer.Argument(
+        metavar="TABLE_A", show_default=False,
+        help="A Delta table (a path or URI, s3://...), an Iceberg table directory or "
+             ".metadata.json file, or NAMESPACE.TABLE of the --catalog.")],
     table_b: Annotated[str, typer.Argument(metavar="TABLE_B", show_default=False,
-                                           help="The Delta table to compare it with.")],
+                                           help="The table to compare it with.")],
     *,
     key: Annotated[list[str] | None, typer.Option(
         "--key", "-k", metavar="COL[,COL...]",
@@ -74,27 +76,25 @@ def diff(
         "--storage-option", metavar="KEY=VALUE",
         help="A delta-rs storage option for both tables (e.g. AWS_ENDPOINT_URL=...); "
              "repeatable.")] = None,
+    catalog: Annotated[str | None, typer.Option(
+        "--catalog", metavar="SPEC",
+        help="The Iceberg catalog of NAMESPACE.TABLE arguments: sqlite:///PATH.db, "
+             "http(s)://HOST (REST) or a configured catalog's name.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Compare two Delta tables: rows only in A, only in B, and changed.
+    """Compare two tables (Delta or Iceberg): rows only in A, only in B, and changed.
 
     Exit code 0 when the tables are equal, 1 when they differ, 2 on an error
     (a table that cannot be read, a key column that is missing or not unique).
     """
-    import polars as pl
-
+    from microbatch.cli.table_refs import parse_table_ref
     from microbatch.tools.diff import diff_frames
 
     try:
         options = parse_params(storage_option or []) or None
         keys = [k.strip() for item in key or [] for k in item.split(",") if k.strip()]
-        frames = []
-        for uri in (table_a, table_b):
-            try:
-                frames.append(pl.read_delta(uri, storage_options=options))
-            except Exception as exc:
-                raise CliError(f"cannot read Delta table {uri}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
+        frames = [parse_table_ref(ref, catalog=catalog).read(options)
+                  for ref in (table_a, table_b)]
         result = diff_frames(frames[0], frames[1], keys=keys, tolerance=tolerance,
                              rel_tolerance=rel_tolerance, sample=sample)
     except USER_ERRORS as exc:

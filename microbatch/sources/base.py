@@ -29,6 +29,7 @@ from typing import Any, TypedDict
 import numpy as np
 import polars as pl
 
+from microbatch.exceptions import PlanError
 from microbatch.types import Offset
 
 DEAD_LETTER_SCHEMA = pl.Schema(
@@ -122,6 +123,14 @@ def balanced_runs(sizes: Sequence[int], pieces: int) -> list[tuple[int, int]]:
     ends = np.searchsorted(cum, total * np.arange(1, pieces) / pieces, side="left") + 1
     edges = [0, *np.minimum(ends, len(sizes)).tolist(), len(sizes)]
     return [(edges[i], edges[i + 1]) for i in range(pieces)]
+
+
+def check_batch_cap(value: object, *, option: str, reader: str) -> None:
+    """Refuse a per-batch cap (``max_files_per_batch``, ``max_records_per_batch``)
+    that is not a positive integer or ``None``, naming the reader and option."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise PlanError(f"{reader}: {option} must be a positive integer or None, got {value!r}")
 
 
 class PartitionLag(TypedDict):

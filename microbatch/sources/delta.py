@@ -59,7 +59,14 @@ from urllib.parse import unquote
 import polars as pl
 
 from microbatch.exceptions import PlanError, SourceError
-from microbatch.sources.base import ReadSplit, Source, SourceBatch, SourceContext, balanced_runs
+from microbatch.sources.base import (
+    ReadSplit,
+    Source,
+    SourceBatch,
+    SourceContext,
+    balanced_runs,
+    check_batch_cap,
+)
 
 log = logging.getLogger("microbatch.sources.delta")
 
@@ -406,14 +413,7 @@ class DeltaSource(Source):
                 f"read_delta: starting_version must be a version number >= 0, "
                 f"got {starting_version!r}"
             )
-        if max_files_per_batch is not None and (
-            isinstance(max_files_per_batch, bool) or not isinstance(max_files_per_batch, int)
-            or max_files_per_batch < 1
-        ):
-            raise PlanError(
-                f"read_delta: max_files_per_batch must be a positive integer or None, "
-                f"got {max_files_per_batch!r}"
-            )
+        check_batch_cap(max_files_per_batch, option="max_files_per_batch", reader="read_delta")
         self.starting_version = starting_version
         self.starting_timestamp_ms = (
             None if starting_timestamp is None else _instant_ms(starting_timestamp)
@@ -644,6 +644,14 @@ class DeltaSource(Source):
             out.extend((version, f) for f in commit.files[lo:hi])
         return out
 
+    backlog_unit = "versions"
+    """What :meth:`progress_items` counts files by (``microbatch backfill``)."""
+
+    def progress_items(self, start: Any, end: Any) -> list[tuple[int, int | None]]:
+        """``(version, rows)`` of every data file in ``[start, end)``, in log order
+        (rows from the file's statistics, ``None`` when not recorded)."""
+        return [(version, f.rows) for version, f in self.files_between(start, end, strict=False)]
+
     def backlog(self, start: Any, end: Any) -> Backlog:
         """Versions with data, files and rows in ``[start, end)`` (for progress)."""
         files = self.files_between(start, end, strict=False)
@@ -800,17 +808,19 @@ def _check_offset(offset: Any, uri: str) -> tuple[int, int]:
     )
 
 
-def _instant_ms(value: datetime | str) -> int:
+def _instant_ms(value: datetime | str, *, reader: str = "read_delta") -> int:
+    """``value`` (a datetime, naive meaning UTC, or ISO-8601 text) in epoch ms;
+    :class:`PlanError` naming ``reader`` when it is neither."""
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError as exc:
             raise PlanError(
-                f"read_delta: starting_timestamp {value!r} is not an ISO-8601 time"
+                f"{reader}: starting_timestamp {value!r} is not an ISO-8601 time"
             ) from exc
     if not isinstance(value, datetime):
         raise PlanError(
-            f"read_delta: starting_timestamp must be a datetime or ISO-8601 string, "
+            f"{reader}: starting_timestamp must be a datetime or ISO-8601 string, "
             f"got {value!r}"
         )
     if value.tzinfo is None:

@@ -46,6 +46,7 @@ from microbatch.sources.base import (
     SourceBatch,
     SourceContext,
     balanced_runs,
+    check_batch_cap,
     empty_dead_letters,
 )
 from microbatch.sources.decoding import (
@@ -146,15 +147,7 @@ class FileSource(Source):
                 f"read_files({str(path)!r}, format={format!r}) needs a schema: JSON and CSV "
                 "files carry no types. Pass schema={'col': pl.Int64, ...}."
             )
-        if max_files_per_batch is not None and (
-            isinstance(max_files_per_batch, bool)
-            or not isinstance(max_files_per_batch, int)
-            or max_files_per_batch < 1
-        ):
-            raise PlanError(
-                f"read_files: max_files_per_batch must be a positive integer or None, "
-                f"got {max_files_per_batch!r}"
-            )
+        check_batch_cap(max_files_per_batch, option="max_files_per_batch", reader="read_files")
         if on_missing_columns not in ("dead_letter", "null"):
             raise PlanError(
                 f"read_files: on_missing_columns must be 'dead_letter' (a file lacking a "

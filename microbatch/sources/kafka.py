@@ -64,6 +64,7 @@ from microbatch.sources.base import (
     SourceBatch,
     SourceContext,
     balanced_runs,
+    check_batch_cap,
     empty_dead_letters,
 )
 from microbatch.sources.kafka_changelog import decode_debezium, decode_upsert
@@ -219,15 +220,7 @@ class KafkaSource(Source):
             raise PlanError(
                 f"read_kafka: on_data_loss must be 'fail' or 'skip', got {on_data_loss!r}"
             )
-        if max_records_per_batch is not None and (
-            isinstance(max_records_per_batch, bool)
-            or not isinstance(max_records_per_batch, int)
-            or max_records_per_batch < 1
-        ):
-            raise PlanError(
-                "read_kafka: max_records_per_batch must be a positive integer or None, "
-                f"got {max_records_per_batch!r}"
-            )
+        check_batch_cap(max_records_per_batch, option="max_records_per_batch", reader="read_kafka")
         try:
             self._config = check_config(config, reserved=_RESERVED)
         except ValueError as exc:

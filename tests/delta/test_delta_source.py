@@ -9,10 +9,10 @@ import polars as pl
 import pytest
 from delta_helpers import append_versions, transactions
 from deltalake import DeltaTable, write_deltalake
+from fault_points import raise_at
 from polars.testing import assert_frame_equal
 
 import microbatch as mb
-from microbatch.engine.faults import InjectedFault
 from microbatch.sources.base import SourceContext
 from microbatch.sources.delta import DeltaSource
 
@@ -135,14 +135,8 @@ def test_restart_midway_resumes_exactly(tmp_path: Path, monkeypatch: pytest.Monk
         return (mb.read_delta(path, max_files_per_batch=1).write_parquet(out)
                 .start(chk, trigger="available-now"))
 
-    for point in ("after_read", "after_sink", "after_commit"):
-        monkeypatch.setenv("MICROBATCH_FAULT", f"{point}@{ {'after_read': 1}.get(point, 4)}")
-        monkeypatch.setenv("MICROBATCH_FAULT_ACTION", "raise")
-        query = start()
-        with pytest.raises(mb.QueryTerminatedError):
-            query.await_termination(60)
-        assert isinstance(query.exception, InjectedFault)
-    monkeypatch.delenv("MICROBATCH_FAULT")
+    for point in ("after_read@1", "after_sink@4", "after_commit@4"):
+        raise_at(monkeypatch, point, start)
     assert start().await_termination(60)
     got = mb.parquet_table(out)
     assert sorted(got["event_id"].to_list()) == list(range(200))

@@ -1,14 +1,27 @@
-"""Fixtures of the Iceberg tests (``tests/iceberg``)."""
+"""Fixtures of the Iceberg tests (``tests/iceberg``): a SQLite catalog per test and a
+local REST catalog server; the S3 server is the suite's (``tests/conftest.py``)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from scripts.iceberg_rest import RestCatalog, RestCatalogError, running_catalog
+
+
+@pytest.fixture
+def catalog_uri(tmp_path: Path) -> str:
+    """A SQLite catalog (``sqlite:///.../iceberg.db``) with a ``db`` namespace."""
+    from sinks.iceberg_catalog import resolve_catalog
+
+    uri = f"sqlite:///{tmp_path}/lake/iceberg.db"
+    resolve_catalog(uri).create_namespace("db")
+    return uri
+
 
 # ------------------------------------------------------------- REST catalog server
 # One real Iceberg REST catalog (Apache Iceberg's own REST test server on a SQLite
