@@ -21,9 +21,11 @@ exactly-once)::
               complete: overwrite the table with the rows
            plus the table property microbatch.last-batch.<query id> = N
         6. ctx.at("sink.before_commit", N)
-        7. the catalog commit. CommitFailedException (another writer committed
-           since step 1, e.g. the same query's other process that committed N
-           first): go back to 1 -- the reload decides, never a blind retry
+        7. the catalog commit, with PyIceberg's own retries off (they would
+           re-apply the appends on top of the winner). CommitFailedException
+           (another writer committed since step 1, e.g. the same query's other
+           process that committed N first): go back to 1 -- the reload
+           decides, never a blind retry
         8. ctx.at("sink.after_commit", N); the engine then writes commits/N
 
 Why step 7 cannot commit N twice: every snapshot-producing commit carries
@@ -223,9 +225,12 @@ class IcebergSink(Sink):
                 table = self._create(rows, batch_id)
             aligned, evolve = self._align(table, rows, batch_id)
             batch.at("sink.before_data")
+            _without_commit_retries(table)
             tx = table.transaction()
             try:
-                self._stage(tx, batch, aligned, touched, keys, evolve=evolve)
+                with warnings.catch_warnings():  # nothing to delete (new keys) is normal
+                    warnings.filterwarnings("ignore", "Delete operation did not match")
+                    self._stage(tx, batch, aligned, touched, keys, evolve=evolve)
             except SinkError:
                 raise
             except Exception as exc:
@@ -315,9 +320,7 @@ class IcebergSink(Sink):
             tx.overwrite(arrow, snapshot_properties=summary)
         else:
             if mode == "update" and touched.height:
-                with warnings.catch_warnings():  # new keys: nothing to delete is normal
-                    warnings.filterwarnings("ignore", "Delete operation did not match")
-                    tx.delete(key_filter(touched, keys), snapshot_properties=summary)
+                tx.delete(key_filter(touched, keys), snapshot_properties=summary)
             if data.height:
                 tx.append(arrow, snapshot_properties=summary)
         tx.set_properties({last_batch_property(batch.query_id): str(batch.batch_id)})
@@ -489,6 +492,21 @@ def _names(value: str | Sequence[str] | None, what: str) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise SinkConfigError(f"{what} names a column twice: {list(names)}")
     return names
+
+
+def _without_commit_retries(table: Table) -> None:
+    """Turn off PyIceberg's own commit retries on this handle (not in the table).
+
+    NOTE: on a conflict PyIceberg re-applies the transaction's appends on top
+    of the winner's commit. If the winner committed the same batch (the same
+    query in another process), that would store the batch twice: the sink
+    must see every conflict and decide again from the reloaded table."""
+    from pyiceberg.table import TableProperties
+
+    props = table.metadata.properties
+    if props.get(TableProperties.COMMIT_NUM_RETRIES) != "0":
+        table.metadata = table.metadata.model_copy(
+            update={"properties": {**props, TableProperties.COMMIT_NUM_RETRIES: "0"}})
 
 
 def _is_conflict(exc: BaseException) -> bool:
