@@ -97,10 +97,12 @@ def sqlite_database(catalog: Catalog) -> Path | None:
 
 def note_catalog_commit(catalog: Catalog) -> None:
     """After a commit: report a SQLite catalog's database to the explorer's recorder,
-    as written and synced (SQLite synced it in its commit; the extra fsync of a
-    clean file costs nothing). A no-op for other catalogs."""
+    as written and synced, name included (SQLite synced it in its commit; the
+    extra fsyncs of a clean file and directory cost little). A no-op for other
+    catalogs."""
     database = sqlite_database(catalog)
     if database is None or not database.exists():
         return
     note_written([database])
     fsync_file(database)
+    fsync_dir(database.parent)
