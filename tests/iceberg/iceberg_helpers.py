@@ -9,7 +9,7 @@ import duckdb
 import polars as pl
 from pyiceberg.table import Table
 
-from sinks.iceberg_catalog import load_iceberg_table, resolve_catalog
+from sinks.iceberg_catalog import CatalogSpec, load_iceberg_table, resolve_catalog
 
 
 def duckdb_extensions() -> Path:
@@ -21,7 +21,7 @@ def duckdb_extensions() -> Path:
     return root / "extensions" / f"v{duckdb.__version__}" / "linux_amd64"
 
 
-def table_of(catalog: str, name: str, **options: str) -> Table:
+def table_of(catalog: CatalogSpec, name: str, **options: str) -> Table:
     """The table ``name`` of ``catalog`` (it must exist)."""
     table = load_iceberg_table(resolve_catalog(catalog, storage_options=options or None), name)
     assert table is not None, f"no table {name} in {catalog}"
