@@ -70,6 +70,7 @@ from sinks.iceberg_catalog import (
 )
 from sinks.iceberg_filters import key_filter
 from sinks.iceberg_types import iceberg_arrow, iceberg_frame
+from sinks.schema_check import column_names, mismatch_message, schema_differences
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -151,7 +152,7 @@ class IcebergSink(Sink):
         self.ident = table_identifier(table if isinstance(table, str) else tuple(table))
         self.catalog_spec = catalog
         self.partition_by: tuple[str, ...] = _partition_columns(partition_by)
-        self.merge_keys: tuple[str, ...] = _names(merge_keys, "merge_keys")
+        self.merge_keys: tuple[str, ...] = column_names(merge_keys, "merge_keys")
         self.storage_options: dict[str, str] = dict(storage_options or {})
         self.schema_mode: SchemaMode | None = schema_mode
         self.max_attempts = max_attempts
@@ -405,10 +406,14 @@ class IcebergSink(Sink):
         A mismatch is refused unless ``schema_mode="merge"`` and it only adds or
         omits columns; omitted ones are then written as nulls."""
         target = pl.DataFrame(table.schema().as_arrow().empty_table()).schema
-        problems = schema_differences(target, data.schema)
+        problems = schema_differences({n: str(t) for n, t in target.items()},
+                                      {n: str(t) for n, t in data.schema.items()})
         type_changes = [p for p in problems if p[0] == "type"]
         if problems and (self.schema_mode != "merge" or type_changes):
-            raise SinkError(_mismatch_message(self.name, batch_id, problems, self.schema_mode))
+            raise SinkError(mismatch_message(
+                f"Iceberg table {self.name}", batch_id, problems, self.schema_mode,
+                retype="The Iceberg sink", evolve="write_iceberg (new columns are added by "
+                "name, columns the batch lacks written as nulls)"))
         if not problems:
             return data.select(target.names()), False
         fill = [pl.lit(None, target[n]).alias(n) for n in target if n not in data.columns]
@@ -438,43 +443,8 @@ class IcebergSink(Sink):
 # ---------------------------------------------------------------------- helpers
 
 
-def schema_differences(
-    table: Mapping[str, pl.DataType], batch: Mapping[str, pl.DataType]
-) -> list[tuple[str, str, str, str]]:
-    """``(kind, column, table type, batch type)`` per difference; ``kind`` is
-    ``"type"``, ``"missing"`` (in the table, not the batch) or ``"new"``."""
-    out: list[tuple[str, str, str, str]] = []
-    for name, dtype in table.items():
-        if name not in batch:
-            out.append(("missing", name, str(dtype), "-"))
-        elif batch[name] != dtype:
-            out.append(("type", name, str(dtype), str(batch[name])))
-    out.extend(("new", name, "-", str(d)) for name, d in batch.items() if name not in table)
-    return out
-
-
-def _mismatch_message(
-    name: str, batch_id: int, problems: list[tuple[str, str, str, str]], schema_mode: str | None
-) -> str:
-    words = {"type": "has type {b} in the batch but {t} in the table",
-             "missing": "({t}) is in the table but not in the batch",
-             "new": "({b}) is in the batch but not in the table"}
-    details = "; ".join(
-        f"column {col!r} " + words[kind].format(t=t, b=b) for kind, col, t, b in problems
-    )
-    if any(kind == "type" for kind, *_ in problems):
-        fix = ("The sink does not change a column's type: cast the column in the query to "
-               "the table's type, or write to a new table.")
-    else:
-        fix = ("To add the new columns pass schema_mode='merge' to write_iceberg (columns "
-               "the batch lacks are then written as nulls), or write to a new table.")
-    mode = "" if schema_mode is None else f" (schema_mode={schema_mode!r})"
-    return (f"Iceberg table {name}: batch {batch_id} does not match the table's schema{mode}: "
-            f"{details}. Nothing was written. {fix}")
-
-
 def _partition_columns(value: str | Sequence[str] | None) -> tuple[str, ...]:
-    names = _names(value, "partition_by")
+    names = column_names(value, "partition_by")
     transformed = [n for n in names if "(" in n]
     if transformed:
         raise SinkConfigError(
@@ -484,13 +454,6 @@ def _partition_columns(value: str | Sequence[str] | None) -> tuple[str, ...]:
             "with_columns(day=pl.col('ts').dt.date())), or create the table with its spec "
             "beforehand and pass partition_by=None"
         )
-    return names
-
-
-def _names(value: str | Sequence[str] | None, what: str) -> tuple[str, ...]:
-    names = (value,) if isinstance(value, str) else tuple(value or ())
-    if len(set(names)) != len(names):
-        raise SinkConfigError(f"{what} names a column twice: {list(names)}")
     return names
 
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 from polars.datatypes import DataTypeClass
 
+from sinks.casts import cast_columns
 from sinks.exceptions import SinkError
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ _INTS: dict[type[pl.DataType], pl.DataType] = {
     pl.UInt64: pl.Int64(),
 }
 """Iceberg's integers are ``int`` (32 bits) and ``long`` (64 bits), both signed."""
-_INT64_MAX = 2**63 - 1
 _REFUSED = (pl.Duration, pl.Time, pl.Object, pl.Null, pl.Int128)
 
 
@@ -91,22 +91,7 @@ def iceberg_frame(df: pl.DataFrame, *, where: str) -> pl.DataFrame:
         target = iceberg_dtype(dtype, column=name, where=where)
         if target != dtype:
             casts[name] = target
-    if not casts:
-        return df
-    exprs = []
-    for name, target in casts.items():
-        dtype = df.schema[name]
-        if dtype == pl.UInt64 and df.select((pl.col(name) > _INT64_MAX).any()).item():
-            raise SinkError(
-                f"{where}: column {name!r} (UInt64) holds values above 2**63-1, which "
-                "Iceberg's long cannot hold; cast it to a decimal or a string first"
-            )
-        if isinstance(dtype, pl.Datetime) and dtype.time_zone not in (None, "UTC"):
-            # a cast would relabel the wall clock; converting keeps the instant
-            exprs.append(pl.col(name).dt.convert_time_zone("UTC").cast(target))
-        else:
-            exprs.append(pl.col(name).cast(target))
-    return df.with_columns(exprs)
+    return cast_columns(df, casts, where=f"{where}:", fmt="Iceberg")
 
 
 def iceberg_arrow(df: pl.DataFrame) -> pa.Table:
