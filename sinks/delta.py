@@ -70,7 +70,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -88,7 +88,7 @@ from sinks.delta_files import (
 )
 from sinks.delta_writers import WriterEntry, check_writers, now_text, register_writer
 from sinks.exceptions import SinkConfigError, SinkError
-from sinks.schema_check import Difference, column_names, mismatch_message
+from sinks.schema_check import Difference, SchemaMode, column_names, mismatch_message
 from sinks.schema_check import schema_differences as column_differences
 
 if TYPE_CHECKING:
@@ -96,8 +96,6 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable, Schema
 
 log = logging.getLogger("sinks.delta")
-
-SchemaMode = Literal["merge"]
 
 MAX_ATTEMPTS = 10
 """How many times a batch is tried after commit conflicts before the sink gives up."""

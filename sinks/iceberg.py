@@ -53,7 +53,7 @@ import logging
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -70,15 +70,13 @@ from sinks.iceberg_catalog import (
 )
 from sinks.iceberg_filters import key_filter
 from sinks.iceberg_types import iceberg_arrow, iceberg_frame
-from sinks.schema_check import column_names, mismatch_message, schema_differences
+from sinks.schema_check import SchemaMode, column_names, mismatch_message, schema_differences
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table, Transaction
 
 log = logging.getLogger("sinks.iceberg")
-
-SchemaMode = Literal["merge"]
 
 MAX_ATTEMPTS = 10
 """How many times a batch is tried after commit conflicts before the sink gives up."""

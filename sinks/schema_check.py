@@ -5,11 +5,14 @@ refuses them; the column-name options of a sink. Shared by the table sinks
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from sinks.exceptions import SinkConfigError
 
-__all__ = ["Difference", "column_names", "mismatch_message", "schema_differences"]
+__all__ = ["Difference", "SchemaMode", "column_names", "mismatch_message", "schema_differences"]
 
+SchemaMode = Literal["merge"]
+"""A table sink's ``schema_mode``: ``"merge"`` adds new columns (``None``: refuse)."""
 Difference = tuple[str, str, str, str]
 """``(kind, column, table type, batch type)``; ``kind`` is ``"type"``,
 ``"missing"`` (in the table, not the batch) or ``"new"``."""

@@ -53,8 +53,8 @@ from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import SourceContext
 from microbatch.types import AccumulationMode, JoinHow, OutputMode, StaticHow
 from sinks.base import Sink
-from sinks.delta import SchemaMode
 from sinks.kafka import DeliveryGuarantee
+from sinks.schema_check import SchemaMode
 
 IntoExpr = pl.Expr | str | Any
 _EMIT_OF = {

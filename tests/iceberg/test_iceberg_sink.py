@@ -21,6 +21,7 @@ from sinks.base import OutputMode, SinkContext
 from sinks.exceptions import SinkConfigError, SinkError
 from sinks.iceberg import IcebergSink
 from sinks.iceberg_batches import last_batch_property, last_committed_batch
+from sinks.iceberg_catalog import load_iceberg_table, resolve_catalog
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -110,13 +111,19 @@ def test_update_mode_applies_changelog_deletes_in_one_commit_per_batch(
     commits = []
     for batch_id, frame in enumerate(batches):
         sink.add_batch(batch_id, frame)
-        table = table_of(catalog, "db.t")
+        table = load_iceberg_table(resolve_catalog(catalog), "db.t")
+        if table is None:  # only empty batches so far: nothing to commit
+            assert oracle(batches[: batch_id + 1]).height == 0
+            continue
         commits.append(table.metadata_location)
         assert_frame_equal(scan(table).sort(list(KEYS)), oracle(batches[: batch_id + 1]))
     sink.add_batch(len(batches) - 1, batches[-1])  # a replay of the last batch: no-op
+    # a batch with change rows always commits (its record at least): its replay is skipped
+    assert sink.skipped_batches == (1 if batches[-1].height else 0)
+    if not commits:
+        return
     table = table_of(catalog, "db.t")
     assert table.metadata_location == commits[-1]
-    assert sink.skipped_batches == 1
     assert_frame_equal(duckdb_scan(table).sort(list(KEYS)), oracle(batches))
     # each snapshot belongs to one batch; a batch's snapshots are one catalog commit
     ids = [s.get("microbatch.batch-id") for s in summaries(table)]
@@ -272,8 +279,6 @@ def test_a_dropped_table_is_recreated_and_not_found_twice(catalog_uri: str,
     sink = opened(catalog_uri, "append")
     sink.add_batch(0, pl.DataFrame({"x": [1]}))
     table = table_of(catalog_uri, "db.t")
-    from sinks.iceberg_catalog import resolve_catalog
-
     resolve_catalog(catalog_uri).drop_table("db.t")
     shutil.rmtree(tmp_path / "lake" / "warehouse" / "db", ignore_errors=True)
     sink.add_batch(1, pl.DataFrame({"x": [2]}))
