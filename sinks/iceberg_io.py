@@ -18,11 +18,11 @@ and fsyncs go through :mod:`statestore.durable`, so the power-loss explorer
 (:func:`statestore.durable.without_fsync`) skip the fsyncs of the driver's
 thread.
 
-:func:`use_durable_io` installs it as a catalog's ``py-io-impl`` (unless the
-catalog names its own FileIO): tables the catalog loads, and the metadata
-files its commits write, then use it. :func:`note_catalog_commit` reports a
-SQLite catalog's database file to the explorer's recorder after a commit
-(a no-op outside it).
+:func:`use_durable_io` installs it as the ``py-io-impl`` of a catalog whose
+warehouse is local (unless the catalog names its own FileIO): tables the
+catalog loads, and the metadata files its commits write, then use it.
+:func:`note_catalog_commit` reports a SQLite catalog's database file to the
+explorer's recorder after a commit (a no-op outside it).
 """
 
 from __future__ import annotations
@@ -79,10 +79,17 @@ class DurableFileIO(PyArrowFileIO):
         return _DurableFile(location=location, path=path, fs=self.fs_by_scheme(scheme, None))
 
 
-def use_durable_io(catalog: Catalog) -> None:
+def use_durable_io(catalog: Catalog) -> bool:
     """Let ``catalog``'s tables and commits write through :class:`DurableFileIO`
-    (kept as it is when the catalog names its own ``py-io-impl``)."""
-    catalog.properties.setdefault(PY_IO_IMPL, DURABLE_IO)
+    when its warehouse is a local directory (``file://`` or a path); whether it
+    does. Kept as it is when the catalog names its own ``py-io-impl``, and for
+    other warehouses (object stores need no fsync, and PyIceberg may pick
+    another FileIO for their scheme)."""
+    warehouse = str(catalog.properties.get("warehouse", ""))
+    local = warehouse.startswith("file:") or (bool(warehouse) and "://" not in warehouse)
+    if local and PY_IO_IMPL not in catalog.properties:
+        catalog.properties[PY_IO_IMPL] = DURABLE_IO
+    return catalog.properties.get(PY_IO_IMPL) == DURABLE_IO
 
 
 def sqlite_database(catalog: Catalog) -> Path | None:

@@ -22,6 +22,7 @@ from sinks.exceptions import SinkConfigError, SinkError
 from sinks.iceberg import IcebergSink
 from sinks.iceberg_batches import last_batch_property, last_committed_batch
 from sinks.iceberg_catalog import load_iceberg_table, resolve_catalog
+from sinks.iceberg_io import DurableFileIO, use_durable_io
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -284,3 +285,14 @@ def test_a_dropped_table_is_recreated_and_not_found_twice(catalog_uri: str,
     sink.add_batch(1, pl.DataFrame({"x": [2]}))
     assert scan(table_of(catalog_uri, "db.t"))["x"].to_list() == [2]
     assert table.metadata_location != table_of(catalog_uri, "db.t").metadata_location
+
+
+def test_local_warehouses_write_through_the_durable_file_io(catalog_uri: str,
+                                                            tmp_path: Path) -> None:
+    sink = opened(catalog_uri, "append")
+    sink.add_batch(0, pl.DataFrame({"x": [1]}))
+    assert isinstance(sink._table.io if sink._table else None, DurableFileIO)
+    s3 = resolve_catalog({"type": "sql", "uri": f"sqlite:///{tmp_path}/s3.db",
+                          "warehouse": "s3://bucket/wh"})
+    assert not use_durable_io(s3)
+    assert "py-io-impl" not in s3.properties
