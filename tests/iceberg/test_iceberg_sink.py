@@ -5,6 +5,7 @@ types. Real SQLite catalogs and files."""
 from __future__ import annotations
 
 import shutil
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -296,3 +297,10 @@ def test_local_warehouses_write_through_the_durable_file_io(catalog_uri: str,
                           "warehouse": "s3://bucket/wh"})
     assert not use_durable_io(s3)
     assert "py-io-impl" not in s3.properties
+
+
+def test_without_pyiceberg_the_error_names_the_extra(catalog_uri: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyiceberg", None)  # what a missing package looks like
+    with pytest.raises(SinkConfigError, match=r"pip install 'microbatch\[iceberg\]'"):
+        mb.read_memory(events(3)).write_iceberg("db.t", catalog=catalog_uri)
