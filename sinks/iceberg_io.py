@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from pyiceberg.io import PY_IO_IMPL
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
-from statestore.durable import fsync_dir, fsync_file, make_dirs, note_written
+from statestore.durable import fsync_dir, fsync_file, make_dirs, note_replaced, note_written
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -103,13 +103,10 @@ def sqlite_database(catalog: Catalog) -> Path | None:
 
 
 def note_catalog_commit(catalog: Catalog) -> None:
-    """After a commit: report a SQLite catalog's database to the explorer's recorder,
-    as written and synced, name included (SQLite synced it in its commit; the
-    extra fsyncs of a clean file and directory cost little). A no-op for other
-    catalogs."""
+    """After a commit: report a SQLite catalog's database to the explorer's
+    recorder as replaced atomically and durably, which SQLite's own commit
+    guarantees (:func:`statestore.durable.note_replaced`). A no-op for other
+    catalogs and outside a recording."""
     database = sqlite_database(catalog)
-    if database is None or not database.exists():
-        return
-    note_written([database])
-    fsync_file(database)
-    fsync_dir(database.parent)
+    if database is not None and database.exists():
+        note_replaced(database)
