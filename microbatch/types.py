@@ -12,8 +12,8 @@ from datetime import timedelta
 from typing import Any, Literal, TypeAlias
 
 from sinks.base import OutputMode
-from sinks.delta import SchemaMode
 from sinks.kafka import DeliveryGuarantee
+from sinks.schema_check import SchemaMode
 
 __all__ = [
     "AccumulationMode",

@@ -7,12 +7,13 @@ Usage::
     .venv/bin/python scripts/crash_explore.py --write-docs docs/reliability.md
 
 For each path of ``tests/crash/explorer.py`` (file -> Parquet, file -> Delta,
-state store snapshot + changelog) the job runs once with its file operations
+file -> Iceberg, state store snapshot + changelog, ...) the job runs once with its file operations
 recorded; every crash state the persistence model allows (all of them per
 crash point up to ``--per-point``, a seeded sample beyond) is written onto the
 job's directories, the job is restarted and its output compared with the
-one-shot Polars result. Then the Delta path again with ``strict``: delta-rs's
-own unsynced writes also torn and reordered (the states outside our control).
+one-shot Polars result. Then the Delta and Iceberg paths again with ``strict``:
+delta-rs's (PyIceberg's) own unsynced writes also torn and reordered (the
+states outside our control).
 Prints a Markdown table; ``--write-docs`` puts it between the
 ``crash-explorer`` markers of that file. Exit code 1 when a state of the
 default model fails a check.
@@ -42,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     names = [args.path] if args.path else list(explorer.PATHS)
     runs = [(name, False) for name in names]
-    if not args.path or "Delta" in args.path:
-        runs.append(("file -> Delta", True))
+    for library in ("Delta", "Iceberg"):  # the paths with another library's writes
+        if not args.path or library in args.path:
+            runs.append((f"file -> {library}", True))
     t0 = time.monotonic()
     reports = []
     for name, strict in runs:

@@ -13,6 +13,9 @@ engine, so the sinks can be used and tested on their own.
 - :class:`ForeachBatchSink`: calls ``fn(df, batch_id)``; idempotency is ``fn``'s job.
 - :class:`DeltaSink`: a Delta table, one commit per batch carrying the app
   transaction ``(query_id, batch_id)`` (append, update by MERGE, complete).
+- :class:`IcebergSink`: an Iceberg table (PyIceberg), one catalog commit per
+  batch recording ``(query id, batch id)`` in its snapshot summary (append,
+  update by delete + append, complete, changelog).
 - :class:`KafkaSink`: a Kafka topic, one transaction per batch (or dedupe headers).
 - :class:`WebhookSink`: an HTTP POST per row (or JSON array) with an
   ``Idempotency-Key``: at least once per key, one body per key.
@@ -38,6 +41,7 @@ from sinks.exceptions import (
 )
 from sinks.fanout import FanOutSink
 from sinks.foreach import ForeachBatchSink
+from sinks.iceberg import IcebergSink
 from sinks.kafka import KafkaSink
 from sinks.memory import (
     MemorySink,
@@ -56,6 +60,7 @@ __all__ = [
     "DeltaSink",
     "FanOutSink",
     "ForeachBatchSink",
+    "IcebergSink",
     "KafkaSink",
     "MemorySink",
     "OtherWriterError",

@@ -70,7 +70,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -88,14 +88,14 @@ from sinks.delta_files import (
 )
 from sinks.delta_writers import WriterEntry, check_writers, now_text, register_writer
 from sinks.exceptions import SinkConfigError, SinkError
+from sinks.schema_check import Difference, SchemaMode, column_names, mismatch_message
+from sinks.schema_check import schema_differences as column_differences
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from deltalake import DeltaTable, Schema
 
 log = logging.getLogger("sinks.delta")
-
-SchemaMode = Literal["merge"]
 
 MAX_ATTEMPTS = 10
 """How many times a batch is tried after commit conflicts before the sink gives up."""
@@ -199,8 +199,8 @@ class DeltaSink(Sink):
         if max_attempts < 1:
             raise SinkConfigError(f"max_attempts must be at least 1, got {max_attempts}")
         self.uri = table_uri(path)
-        self.partition_by: tuple[str, ...] = _names(partition_by, "partition_by")
-        self.merge_keys: tuple[str, ...] = _names(merge_keys, "merge_keys")
+        self.partition_by: tuple[str, ...] = column_names(partition_by, "partition_by")
+        self.merge_keys: tuple[str, ...] = column_names(merge_keys, "merge_keys")
         self.storage_options: dict[str, str] = dict(storage_options or {})
         self.schema_mode: SchemaMode | None = schema_mode
         self.optimize_every = optimize_every
@@ -750,39 +750,19 @@ def type_text(dtype: Any) -> str:
     return str(getattr(dtype, "type", dtype))
 
 
-def schema_differences(table: Schema, batch: Schema) -> list[tuple[str, str, str, str]]:
-    """``(kind, column, table type, batch type)`` for each difference; ``kind`` is
-    ``"type"``, ``"missing"`` (in the table, not the batch) or ``"new"``."""
-    have = {f.name: type_text(f.type) for f in table.fields}
-    got = {f.name: type_text(f.type) for f in batch.fields}
-    out: list[tuple[str, str, str, str]] = []
-    for name, text in have.items():
-        if name not in got:
-            out.append(("missing", name, text, "-"))
-        elif got[name] != text:
-            out.append(("type", name, text, got[name]))
-    out.extend(("new", name, "-", text) for name, text in got.items() if name not in have)
-    return out
+def schema_differences(table: Schema, batch: Schema) -> list[Difference]:
+    """``(kind, column, table type, batch type)`` for each difference (see
+    :func:`sinks.schema_check.schema_differences`)."""
+    return column_differences({f.name: type_text(f.type) for f in table.fields},
+                              {f.name: type_text(f.type) for f in batch.fields})
 
 
 def _mismatch_message(
-    uri: str, batch_id: int, problems: list[tuple[str, str, str, str]], schema_mode: str | None
+    uri: str, batch_id: int, problems: list[Difference], schema_mode: str | None
 ) -> str:
-    words = {"type": "has type {b} in the batch but {t} in the table",
-             "missing": "({t}) is in the table but not in the batch",
-             "new": "({b}) is in the batch but not in the table"}
-    details = "; ".join(
-        f"column {name!r} " + words[kind].format(t=t, b=b) for kind, name, t, b in problems
-    )
-    if any(kind == "type" for kind, *_ in problems):
-        fix = ("Delta does not change a column's type: cast the column in the query to the "
-               "table's type, or write to a new table.")
-    else:
-        fix = ("For additive evolution pass schema_mode='merge' to write_delta (new columns "
-               "are added, missing ones written as nulls), or write to a new table.")
-    mode = "" if schema_mode is None else f" (schema_mode={schema_mode!r})"
-    return (f"Delta table {uri}: batch {batch_id} does not match the table's schema{mode}: "
-            f"{details}. Nothing was written. {fix}")
+    return mismatch_message(
+        f"Delta table {uri}", batch_id, problems, schema_mode, retype="Delta",
+        evolve="write_delta (new columns are added, missing ones written as nulls)")
 
 
 def merge_predicate(data: pl.DataFrame, keys: Sequence[str]) -> str:
@@ -822,13 +802,6 @@ def _is_conflict(exc: BaseException) -> bool:
     from deltalake.exceptions import CommitFailedError
 
     return isinstance(exc, CommitFailedError)
-
-
-def _names(value: str | Sequence[str] | None, what: str) -> tuple[str, ...]:
-    names = (value,) if isinstance(value, str) else tuple(value or ())
-    if len(set(names)) != len(names):
-        raise SinkConfigError(f"{what} names a column twice: {list(names)}")
-    return names
 
 
 def _short(exc: BaseException, limit: int = 400) -> str:

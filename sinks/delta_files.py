@@ -33,6 +33,7 @@ import polars as pl
 from polars.datatypes import DataTypeClass
 
 from sinks.base import OutputMode, WriteTask, WrittenFile
+from sinks.casts import cast_columns
 from sinks.changes import changelog_rows
 from sinks.exceptions import SinkError
 from statestore.durable import fsync_dir, make_dirs, write_atomic
@@ -61,7 +62,6 @@ _UNSIGNED: dict[type[pl.DataType], pl.DataType] = {
     pl.UInt64: pl.Int64(),
 }
 """Delta has no unsigned integers: each is widened to the signed type that holds it."""
-_INT64_MAX = 2**63 - 1
 
 
 def delta_frame(df: pl.DataFrame, *, batch_id: int, uri: str) -> pl.DataFrame:
@@ -78,22 +78,7 @@ def delta_frame(df: pl.DataFrame, *, batch_id: int, uri: str) -> pl.DataFrame:
         target = _delta_dtype(dtype, name, batch_id, uri)
         if target != dtype:
             casts[name] = target
-    if not casts:
-        return df
-    exprs = []
-    for name, target in casts.items():
-        dtype = df.schema[name]
-        if dtype == pl.UInt64 and df.select((pl.col(name) > _INT64_MAX).any()).item():
-            raise SinkError(
-                f"Delta table {uri}: batch {batch_id} column {name!r} (UInt64) holds values "
-                "above 2**63-1, which Delta's long cannot hold; cast it to a decimal or string"
-            )
-        if isinstance(dtype, pl.Datetime) and dtype.time_zone not in (None, "UTC"):
-            # a cast would relabel the wall clock; converting keeps the instant
-            exprs.append(pl.col(name).dt.convert_time_zone("UTC").cast(target))
-        else:
-            exprs.append(pl.col(name).cast(target))
-    return df.with_columns(exprs)
+    return cast_columns(df, casts, where=f"Delta table {uri}: batch {batch_id}", fmt="Delta")
 
 
 def _delta_dtype(

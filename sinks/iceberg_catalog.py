@@ -37,6 +37,7 @@ __all__ = [
     "catalog_label",
     "fileio_properties",
     "load_iceberg_table",
+    "require_pyiceberg",
     "resolve_catalog",
     "table_identifier",
 ]
@@ -66,7 +67,8 @@ class IcebergUnavailableError(SinkConfigError):
     """PyIceberg is not installed; the message says how to install it."""
 
 
-def _require_pyiceberg() -> None:
+def require_pyiceberg() -> None:
+    """Raise :class:`IcebergUnavailableError` (naming the install command) without PyIceberg."""
     try:
         import pyiceberg  # noqa: F401
     except ImportError as exc:  # pragma: no cover - the test install has it
@@ -102,7 +104,7 @@ def resolve_catalog(
     A SQL catalog on a new SQLite file is created, with its tables; its
     warehouse directory is created on first write. Raises
     :class:`~sinks.exceptions.SinkConfigError` naming the catalog and the fix."""
-    _require_pyiceberg()
+    require_pyiceberg()
     from pyiceberg.catalog import Catalog as CatalogBase
     from pyiceberg.catalog import load_catalog
 

@@ -39,6 +39,7 @@ __all__ = [
     "fsync_enabled",
     "fsync_file",
     "make_dirs",
+    "note_replaced",
     "note_written",
     "publish",
     "recording",
@@ -174,6 +175,20 @@ def note_written(paths: Sequence[Path]) -> None:
     if _recorders:
         for path in paths:
             _record("wrote", path, None, path.read_bytes())
+
+
+def note_replaced(path: Path) -> None:
+    """Report to the recorder that another library replaced ``path``'s content
+    atomically and durably (a SQLite commit: the old content or the new one,
+    never a mix, and durable when it returns), as what gives the same
+    guarantee here: a synced temp file renamed over ``path``, then its
+    directory synced. Only reports: no I/O but reading ``path``."""
+    if _recorders:
+        tmp = temp_path(path)
+        _record("write", tmp, None, path.read_bytes())
+        _record("fsync", tmp)
+        _record("rename", tmp, path)
+        _record("fsync_dir", path.parent)
 
 
 def write_atomic(

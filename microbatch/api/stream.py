@@ -53,8 +53,8 @@ from microbatch.plan.windows import SessionWindowSpec, WindowSpec
 from microbatch.sources.base import SourceContext
 from microbatch.types import AccumulationMode, JoinHow, OutputMode, StaticHow
 from sinks.base import Sink
-from sinks.delta import SchemaMode
 from sinks.kafka import DeliveryGuarantee
+from sinks.schema_check import SchemaMode
 
 IntoExpr = pl.Expr | str | Any
 _EMIT_OF = {
@@ -2032,6 +2032,107 @@ class Stream:
             optimize_every=optimize_every,
             change_data_feed=change_data_feed,
             allow_other_writers=allow_other_writers,
+        )
+        return self.write_to(sink, output_mode=output_mode)
+
+    def write_iceberg(
+        self,
+        table: str,
+        *,
+        catalog: Any,
+        output_mode: OutputMode | None = None,
+        partition_by: str | Sequence[str] | None = None,
+        merge_keys: str | Sequence[str] | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        schema_mode: SchemaMode | None = None,
+    ) -> DataStreamWriter:
+        """Write to an Apache Iceberg table (PyIceberg), one catalog commit per batch,
+        exactly once.
+
+        Every commit records ``microbatch.query-id`` and ``microbatch.batch-id``
+        in its snapshot summary (and the query's last batch in a table
+        property), so a replayed batch is a no-op. ``append`` appends,
+        ``update`` deletes the rows of the keys a batch touches and appends
+        its upserts in the same commit (a changelog's deletes included),
+        ``complete`` overwrites and ``changelog`` appends the change rows
+        with ``_change_type``. The table and its namespace are created on the
+        first batch; a batch whose columns differ is refused before anything
+        is written unless ``schema_mode="merge"`` (new columns added by
+        name). See :class:`sinks.iceberg.IcebergSink` and ``docs/iceberg.md``.
+
+        Parameters
+        ----------
+        table
+            ``"namespace.table"``.
+        catalog
+            A ``pyiceberg`` ``Catalog``, a mapping of catalog properties, or a
+            string: ``sqlite:///PATH.db`` (a SQL catalog, warehouse beside
+            it), ``http(s)://HOST`` (REST) or a configured catalog's name.
+        output_mode
+            ``"append"``, ``"update"``, ``"complete"`` or ``"changelog"``.
+        partition_by
+            Identity partition columns of a table the sink creates (for an
+            existing table: its own, or ``None``).
+        merge_keys
+            Columns identifying a row for ``update`` (default: the
+            aggregation's window and group keys).
+        storage_options
+            FileIO properties: delta-rs keys (``AWS_ENDPOINT_URL``, ...) or
+            PyIceberg's (``s3.endpoint``, ...); never shown.
+        schema_mode
+            ``None`` (refuse different columns) or ``"merge"`` (add new
+            columns; columns a batch lacks are written as nulls).
+
+        Returns
+        -------
+        DataStreamWriter
+
+        Raises
+        ------
+        PlanError
+            For ``output_mode="update"`` on a stream without aggregation keys and
+            without ``merge_keys``.
+        SinkConfigError
+            When PyIceberg is missing: ``pip install 'microbatch[iceberg]'``.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> catalog = f"sqlite:///{tempfile.mkdtemp()}/catalog.db"
+        >>> stream = mb.read_memory(
+        ...     pl.DataFrame({"k": ["a", "b", "a"], "x": [1, 2, 3]}), max_records_per_batch=2
+        ... )
+        >>> query = (
+        ...     stream.group_by("k")
+        ...     .agg(pl.col("x").sum())
+        ...     .write_iceberg("lake.totals", catalog=catalog, output_mode="update")
+        ...     .start(trigger="available-now")
+        ... )
+        >>> query.await_termination()
+        True
+        >>> from sinks.iceberg_catalog import resolve_catalog
+        >>> lake = resolve_catalog(catalog)
+        >>> lake.load_table("lake.totals").scan().to_polars().sort("k").rows()
+        [('a', 4), ('b', 2)]
+        """
+        from microbatch.api.writer import output_keys
+        from sinks.iceberg import IcebergSink
+        from sinks.iceberg_catalog import require_pyiceberg
+
+        require_pyiceberg()
+        output_mode = self._output_mode(output_mode)
+        if output_mode == "update" and not merge_keys and not output_keys(self._plan):
+            raise PlanError(
+                "write_iceberg(output_mode='update') replaces rows by key, and this stream has "
+                "no aggregation keys: pass merge_keys=[...], or use output_mode='append'"
+            )
+        sink = IcebergSink(
+            table,
+            catalog=catalog,
+            partition_by=partition_by,
+            merge_keys=merge_keys,
+            storage_options=storage_options,
+            schema_mode=schema_mode,
         )
         return self.write_to(sink, output_mode=output_mode)
 

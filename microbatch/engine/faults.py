@@ -8,8 +8,9 @@ raises :class:`InjectedFault` instead, for in-process tests; with
 something else meanwhile).
 
 Points, in lifecycle order: ``after_plan``, ``after_write_ahead``,
-``after_read``, ``after_execute``, ``sink.after_data`` /
-``sink.before_commit`` / ``sink.after_commit`` (inside sinks that have them),
+``after_read``, ``after_execute``, ``sink.before_data`` / ``sink.after_data`` /
+``sink.before_commit`` / ``sink.after_commit`` (inside sinks that have them;
+the Iceberg sink: before its data files, before its catalog commit, after it),
 ``after_sink``, ``after_state_commit``, ``after_commit``,
 ``after_report``; in the workers of a scaled-out query (Ray):
 ``worker.map``, ``worker.reduce``, ``worker.after_write`` (the worker wrote
@@ -40,6 +41,7 @@ POINTS = (
     "after_write_ahead",
     "after_read",
     "after_execute",
+    "sink.before_data",
     "sink.after_data",
     "sink.before_commit",
     "sink.after_commit",

@@ -362,6 +362,8 @@ PATHS: dict[str, harness.JobSpec] = {
                                        snapshot_every=None, state_retention=None),
     "file -> Delta": harness.JobSpec(source="files", sink="delta", files=8, cap=1,
                                      snapshot_every=None, state_retention=None),
+    "file -> Iceberg": harness.JobSpec(source="files", sink="iceberg", files=8, cap=1,
+                                       snapshot_every=None, state_retention=None),
     "state store snapshot + changelog": harness.JobSpec(
         source="files", agg="session", sink="parquet", files=8, cap=1, gap="3s",
         snapshot_every=2, state_retention=2),

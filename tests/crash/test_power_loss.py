@@ -7,6 +7,7 @@ them and writes the figures into ``docs/reliability.md``.
 
 from __future__ import annotations
 
+import io
 import random
 from pathlib import Path
 
@@ -14,8 +15,9 @@ import explorer
 import pytest
 
 import sinks.delta_durability
+import sinks.iceberg_io
 from microbatch.operators import state_schema
-from statestore.durable import write_atomic
+from statestore.durable import note_written, write_atomic
 
 pytestmark = [pytest.mark.crash]
 
@@ -35,6 +37,8 @@ def test_every_sampled_power_loss_state_recovers_exactly_once(name: str, tmp_pat
     assert {"write", "fsync", "rename", "fsync_dir"} <= kinds
     if "Delta" in name:
         assert "wrote" in kinds, "the Delta sink reports delta-rs's files to the recorder"
+    if "Iceberg" in name:
+        assert "wrote" in kinds, "PyIceberg's files go through the sink's durable FileIO"
     if "state store" in name:
         assert "unlink" in kinds, "purges of old state versions are explored too"
     if name in explorer.FROM_SCRATCH:
@@ -53,6 +57,25 @@ def test_without_the_delta_fsync_a_power_loss_loses_a_committed_batch(
     report = explorer.explore("file -> Delta", spec, tmp_path, last_points=1)
     assert report.findings, "the explorer should see the lost Delta version"
     assert any("missing" in f.problem for f in report.findings)
+
+
+def test_without_the_iceberg_fsync_a_power_loss_loses_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why the Iceberg sink writes through its durable FileIO: a SQLite catalog's
+    commit is durable at once, so with PyIceberg's files left unsynced a power
+    loss can keep the catalog row and lose the metadata or data it names."""
+
+    def close_without_fsync(stream: sinks.iceberg_io._SyncedStream) -> None:
+        if not stream.closed:
+            io.FileIO.close(stream)
+            note_written([Path(str(stream.name))])
+
+    monkeypatch.setattr(sinks.iceberg_io._SyncedStream, "close", close_without_fsync)
+    spec = explorer.PATHS["file -> Iceberg"]
+    report = explorer.explore("file -> Iceberg", spec, tmp_path, last_points=1)
+    lost = [r for r in report.refused if "cannot load Iceberg table" in r]
+    assert lost, "the explorer should see the catalog name a lost metadata file"
 
 
 def test_the_model_tears_an_unsynced_file_and_keeps_a_synced_one(tmp_path: Path) -> None:

@@ -1,13 +1,20 @@
 """Helpers shared by the Iceberg tests: data factories and snapshot writers
-(PyIceberg directly, as an upstream writer would)."""
+(PyIceberg directly, as an upstream writer would), and reading tables back with
+PyIceberg and with DuckDB."""
 
 from __future__ import annotations
 
+import importlib.util
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import duckdb
 import polars as pl
 import pyarrow as pa
+from pyiceberg.table import Table
+
+from sinks.iceberg_catalog import CatalogSpec, load_iceberg_table, resolve_catalog
 
 SCHEMA = pa.schema([("event_id", pa.int64()), ("card_id", pa.int64()),
                     ("amount", pa.float64()), ("event_time", pa.timestamp("us", tz="UTC"))])
@@ -28,8 +35,6 @@ def events(start_id: int, n: int, *, minutes_per_row: int = 7) -> pa.Table:
 
 def new_table(catalog_uri: str, name: str = "db.events") -> Any:
     """An empty table of :data:`SCHEMA` in the catalog."""
-    from sinks.iceberg_catalog import resolve_catalog
-
     return resolve_catalog(catalog_uri).create_table(name, schema=SCHEMA)
 
 
@@ -74,3 +79,52 @@ def compact(table: Any) -> None:
         for data_file in _dataframe_to_data_files(tx.table_metadata, rows, table.io):
             producer.append_data_file(data_file)
         producer.commit()
+
+
+
+def duckdb_extensions() -> Path:
+    """The pinned DuckDB extension wheels' directory (no download)."""
+    spec = importlib.util.find_spec("duckdb_ext")
+    assert spec is not None
+    assert spec.submodule_search_locations is not None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return root / "extensions" / f"v{duckdb.__version__}" / "linux_amd64"
+
+
+def table_of(catalog: CatalogSpec, name: str, **options: str) -> Table:
+    """The table ``name`` of ``catalog`` (it must exist)."""
+    table = load_iceberg_table(resolve_catalog(catalog, storage_options=options or None), name)
+    assert table is not None, f"no table {name} in {catalog}"
+    return table
+
+
+def scan(table: Table) -> pl.DataFrame:
+    """Every row, as PyIceberg reads them."""
+    frame = pl.from_arrow(table.scan().to_arrow())
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def duckdb_scan(table: Table) -> pl.DataFrame:
+    """Every row, as DuckDB's ``iceberg_scan`` reads the table's current metadata file."""
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    try:
+        for ext in ("avro", "iceberg"):  # NOTE: avro first: iceberg needs it loaded
+            con.execute(f"LOAD '{duckdb_extensions() / f'{ext}.duckdb_extension'}'")
+        con.execute("SET TimeZone = 'UTC'")
+        return con.execute("SELECT * FROM iceberg_scan(?)", [table.metadata_location]).pl()
+    finally:
+        con.close()
+
+
+def summaries(table: Table) -> list[dict[str, str]]:
+    """The snapshot summaries of the current snapshot's ancestry, oldest first."""
+    out = []
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        assert snapshot.summary is not None
+        out.append(dict(snapshot.summary.additional_properties)
+                   | {"operation": snapshot.summary.operation.value})
+        parent = snapshot.parent_snapshot_id
+        snapshot = None if parent is None else table.metadata.snapshot_by_id(parent)
+    return out[::-1]

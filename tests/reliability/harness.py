@@ -64,6 +64,7 @@ STATE_FAULTS = ("after:changelog", "before:changelog", "torn:changelog", "after:
 """State store write faults the job can inject (``WHEN:KIND``)."""
 SINK_POINTS = {"parquet": ("sink.after_data",),
                "delta": ("sink.before_commit", "sink.after_commit"),
+               "iceberg": ("sink.before_data", "sink.before_commit", "sink.after_commit"),
                "kafka": ("sink.after_data", "sink.after_commit"),
                "webhook": ("sink.after_data",)}
 """The fault points inside each sink's ``add_batch`` (Kafka: after the rows are
@@ -72,9 +73,10 @@ was acknowledged, before the batch's ledger entry)."""
 DEAD_LETTER_POINT = "dead_letter.sink.after_data"
 """Inside the dead-letter sink, which step 5 writes before the sink (every batch
 of the ``files`` and ``kafka`` inputs has bad records)."""
-UNBATCHED = {p for sink in ("parquet", "delta") for p in SINK_POINTS[sink]}
+TABLE_SINKS = ("parquet", "delta", "iceberg")
+UNBATCHED = {p for sink in TABLE_SINKS for p in SINK_POINTS[sink]}
 """Points armed without a batch id (the first time the run passes them) in the
-Parquet and Delta sinks: the Delta sink skips them for batches without rows.
+Parquet, Delta and Iceberg sinks: the table sinks skip them for batches without rows.
 The Kafka and webhook sinks pass theirs in every batch: they are armed for a
 batch, as the engine's points are (the first batch emits no rows: no window is
 closed yet)."""
@@ -93,7 +95,7 @@ class JobSpec:
 
     source: Literal["generator", "files", "kafka"] = "generator"
     agg: Literal["tumbling", "session", "fire_once"] = "tumbling"
-    sink: Literal["parquet", "delta", "kafka", "webhook"] = "parquet"
+    sink: Literal["parquet", "delta", "iceberg", "kafka", "webhook"] = "parquet"
     rows: int = 120_000
     """Generator log length (event time advances 1000 rows per second)."""
     cap: int = 4_000
@@ -435,7 +437,7 @@ class Soak:
 
     def point_kill(self, point: str, rng: random.Random) -> Kill:
         """A kill at ``point`` in one of the next batches (the recovered one included)."""
-        if point in UNBATCHED and self.spec.sink in ("parquet", "delta"):
+        if point in UNBATCHED and self.spec.sink in TABLE_SINKS:
             return Kill("point", point=point)
         batch, recovering = self.next_batch()
         skip_recovered = recovering and point in ("after_plan", "after_write_ahead")
@@ -704,7 +706,27 @@ def read_output(spec: JobSpec, out: Path) -> pl.DataFrame:
         if not (out / "_delta_log").is_dir():
             return normalize(pl.DataFrame())
         return normalize(pl.read_delta(str(out)))
+    if spec.sink == "iceberg":
+        return normalize(read_iceberg_output(out))
     return normalize(mb.parquet_table(out)) if out.is_dir() else normalize(pl.DataFrame())
+
+
+def read_iceberg_output(out: Path) -> pl.DataFrame:
+    """The job's Iceberg table (``reliability_job.ICEBERG_TABLE`` in the SQLite
+    catalog under ``out``), scanned by PyIceberg; empty before its first commit."""
+    import reliability_job
+
+    from sinks.iceberg_catalog import load_iceberg_table, resolve_catalog
+
+    if not (out / "catalog.db").is_file():
+        return pl.DataFrame()
+    table = load_iceberg_table(resolve_catalog(reliability_job.iceberg_catalog(str(out))),
+                               reliability_job.ICEBERG_TABLE)
+    if table is None:
+        return pl.DataFrame()
+    frame = pl.from_arrow(table.scan().to_arrow())
+    assert isinstance(frame, pl.DataFrame)
+    return frame
 
 
 def parse_json_rows(values: list[bytes]) -> pl.DataFrame:

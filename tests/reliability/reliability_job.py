@@ -7,14 +7,14 @@ A windowed aggregation with state, end to end::
         -> group_by(window(event_time, W) | session_window(event_time, gap), card_id)
         -> agg(n = len(), total = sum(amount as Decimal(18, 2)))
         [-> fire_once(n >= FIRE_AT): early alerts, once per window]
-        -> Parquet manifest sink, Delta sink, Kafka sink (transactional, exactly
-           once) or webhook sink (one POST per row, Idempotency-Key
+        -> Parquet manifest sink, Delta sink, Iceberg sink (SQLite catalog), Kafka
+           sink (transactional, exactly once) or webhook sink (one POST per row, Idempotency-Key
            ``<window_start>/<card_id>``); late rows -> Parquet side output
 
 Params (all strings): ``output`` (required); ``source`` (``generator`` |
 ``files`` | ``kafka``), ``input`` (the directory, for ``files``), ``agg``
 (``tumbling`` | ``session`` | ``fire_once``), ``sink`` (``parquet`` | ``delta``
-| ``kafka`` | ``webhook``), ``window`` (``1m``), ``gap`` (``30s``), ``delay``
+| ``iceberg`` | ``kafka`` | ``webhook``), ``window`` (``1m``), ``gap`` (``30s``), ``delay``
 (``10s``), ``rows``, ``cap`` (records or files per batch), ``seed``, ``cards``,
 ``partitions``; for Kafka ``bootstrap`` and ``topic`` (the job reads
 ``<topic>-in`` and writes ``<topic>-out``); for the webhook ``url``.
@@ -62,6 +62,13 @@ SCHEMA = {
 MONEY = pl.Decimal(18, 2)
 FIRE_AT = 3
 """``agg=fire_once``: a window fires when it holds this many rows."""
+ICEBERG_TABLE = "rel.out"
+"""``sink=iceberg``: the table, in a SQLite catalog under the output directory."""
+
+
+def iceberg_catalog(output: str) -> str:
+    """``sink=iceberg``: the catalog (its warehouse beside it, under ``output``)."""
+    return f"sqlite:///{os.path.abspath(output)}/catalog.db"
 
 
 def build(params: dict[str, str]) -> mb.DataStreamWriter:
@@ -105,6 +112,8 @@ def build(params: dict[str, str]) -> mb.DataStreamWriter:
     sink = params.get("sink", "parquet")
     if sink == "delta":
         return result.write_delta(params["output"])
+    if sink == "iceberg":
+        return result.write_iceberg(ICEBERG_TABLE, catalog=iceberg_catalog(params["output"]))
     if sink == "kafka":
         return result.write_kafka(params["topic"] + "-out", bootstrap=params["bootstrap"],
                                   key="card_id")

@@ -71,6 +71,18 @@ def test_delta_sink_survives_kills_around_its_commit(tmp_path: Path) -> None:
     assert run.kills == len(named), run.history()
 
 
+def test_iceberg_sink_survives_kills_at_each_of_its_fault_points(tmp_path: Path) -> None:
+    """Before the data files, between them and the catalog commit, after the
+    commit (the engine's ``commits/N`` not written: the restart replays the
+    batch, which the table's record turns into a no-op); each window once."""
+    spec = JobSpec(source="files", sink="iceberg", files=12, cap=1)
+    named = ["sink.before_data", "sink.before_commit", "sink.after_commit", "after_sink"]
+    run = soak(spec, tmp_path, kills=len(named), seed=17, named=named, sigterms=0)
+
+    assert_exact(run)
+    assert [label.split("@")[0] for label in run.killed_at()] == named, run.history()
+
+
 def test_random_kills(tmp_path: Path) -> None:
     # Enough work (~450 batches) that a kill up to 2.5 s after the start still
     # lands before the job has processed everything, on a fast machine too.
