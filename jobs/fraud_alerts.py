@@ -37,7 +37,11 @@ lists them; the contract is checked by a harness outside the repo; keep the name
 ``webhook=URL`` (omitted: no webhook; ``webhook_token_env`` names an
 environment variable with a bearer token); ``output`` (the Delta table,
 ``lake/fraud_alerts``); ``late_output`` (a Delta table, ``<output>-late``);
-``alerts_topic`` (``fraud-alerts``, only with ``bootstrap``).
+``alerts_topic`` (``fraud-alerts``, only with ``bootstrap``);
+``output_format`` (``delta``, or ``iceberg``: the alert and late tables are
+Apache Iceberg tables, see :func:`table_sink`) and ``catalog`` (the Iceberg
+catalog: ``sqlite:///PATH.db``, ``http://HOST:PORT`` for a REST catalog, or a
+configured name).
 """
 
 from __future__ import annotations
@@ -92,9 +96,15 @@ class Params:
     allowed_lateness: Annotated[str, "how late a transaction still counts"] = ALLOWED_LATENESS
     webhook: Annotated[str | None, "URL the alerts are POSTed to"] = None
     webhook_token_env: Annotated[str | None, "env variable holding the webhook's token"] = None
-    output: Annotated[str, "Delta table of alerts"] = "lake/fraud_alerts"
-    late_output: Annotated[str | None, "Delta table of too-late rows (<output>-late)"] = None
+    output: Annotated[str, "table of alerts: a path (or, with output_format=iceberg, "
+                      "namespace.table)"] = "lake/fraud_alerts"
+    late_output: Annotated[str | None, "table of too-late rows (<output>-late)"] = None
     alerts_topic: Annotated[str, "Kafka topic of the alerts (with bootstrap)"] = "fraud-alerts"
+    output_format: Annotated[str, "table format of output and late_output: delta or iceberg"] = (
+        "delta")
+    catalog: Annotated[str | None, "Iceberg catalog (output_format=iceberg): sqlite:///PATH.db, "
+                       "http://HOST:PORT or a configured name; default sqlite:///<output's "
+                       "directory>/iceberg.db"] = None
 
 
 def transactions(params: Params) -> mb.Stream:
@@ -154,17 +164,49 @@ def alert_sinks(params: Params) -> Sink:
         topic = KafkaSink(params.alerts_topic, bootstrap=params.bootstrap, key="card_id",
                           delivery_guarantee="exactly_once")
         routes.append(Routed(topic, where=PAGE))
-    routes.append(Routed(DeltaSink(params.output, merge_keys="alert_id"),
+    routes.append(Routed(table_sink(params, params.output, merge_keys="alert_id"),
                          output_mode="update", key_columns=("alert_id",)))
     return FanOutSink(routes, concurrent=True)
 
 
 def build(params: Params) -> mb.DataStreamWriter:
     """The job (see :class:`Params` and the module docstring)."""
-    late = DeltaSink(params.late_output or f"{params.output.rstrip('/')}-late")
+    late = table_sink(params, params.late_output or late_table_name(params))
     rule = alerts(transactions(params).on_late(late), delay=params.delay,
                   allowed_lateness=params.allowed_lateness)
     return rule.write_to(alert_sinks(params))
+
+
+def late_table_name(params: Params) -> str:
+    """``<output>-late`` beside a path; ``<namespace>.<table>_late`` for an Iceberg
+    identifier (SQL engines would need a hyphenated name quoted)."""
+    if params.output_format == "iceberg" and "/" not in params.output:
+        return f"{params.output}_late"
+    return f"{params.output.rstrip('/')}-late"
+
+
+def table_sink(params: Params, table: str, *, merge_keys: str | None = None) -> Sink:
+    """The Delta or Iceberg table ``table`` (``output_format``), exactly once per batch.
+
+    With ``output_format=iceberg``, ``table`` is either an Iceberg identifier
+    (``namespace.name``, in ``catalog``) or a path ``DIR/NAME``: then the table
+    ``default.NAME`` lives at exactly that path (its ``metadata/`` and ``data/``
+    under it, readable by DuckDB's ``iceberg_scan`` or PyIceberg's
+    ``StaticTable``), registered in ``catalog`` or, by default, in the SQLite
+    catalog ``DIR/iceberg.db``."""
+    if params.output_format == "delta":
+        return DeltaSink(table, merge_keys=merge_keys)
+    if params.output_format != "iceberg":
+        raise mb.JobError(f"output_format must be delta or iceberg, not {params.output_format!r}")
+    from sinks.iceberg import IcebergSink
+
+    if "/" not in table and "." in table:
+        catalog = params.catalog or "sqlite:///lake/iceberg.db"
+        return IcebergSink(table, catalog=catalog, merge_keys=merge_keys)
+    path = Path(table).expanduser().absolute()
+    catalog = params.catalog or f"sqlite:///{path.parent}/iceberg.db"
+    ident = "default." + path.name.replace("-", "_")
+    return IcebergSink(ident, catalog=catalog, merge_keys=merge_keys, location=path.as_uri())
 
 
 # --------------------------------------------------------------------------- producer

@@ -53,6 +53,7 @@ import logging
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -110,6 +111,12 @@ class IcebergSink(Sink):
         new columns are added to the table by name in the batch's own
         commit; columns the batch lacks are written as nulls. Type changes
         are always refused.
+    location
+        Where a table the sink creates keeps its ``metadata/`` and ``data/``
+        (a path or URI; a path is made absolute). Default: the catalog's
+        warehouse decides. Pinning it lets readers without the catalog
+        (DuckDB's ``iceberg_scan``, PyIceberg's ``StaticTable``,
+        ``microbatch diff DIR``) find the table by its directory.
     max_attempts
         Commit attempts per batch (each after a reload) before giving up.
 
@@ -138,6 +145,7 @@ class IcebergSink(Sink):
         merge_keys: str | Sequence[str] | None = None,
         storage_options: Mapping[str, str] | None = None,
         schema_mode: SchemaMode | None = None,
+        location: str | None = None,
         max_attempts: int = MAX_ATTEMPTS,
     ) -> None:
         if schema_mode not in (None, "merge"):
@@ -153,6 +161,7 @@ class IcebergSink(Sink):
         self.merge_keys: tuple[str, ...] = column_names(merge_keys, "merge_keys")
         self.storage_options: dict[str, str] = dict(storage_options or {})
         self.schema_mode: SchemaMode | None = schema_mode
+        self.location = _table_location(location)
         self.max_attempts = max_attempts
         self.last_commit: dict[str, Any] = {}
         """What the last ``add_batch`` did: ``batch_id``, ``skipped``, ``attempts``,
@@ -270,6 +279,7 @@ class IcebergSink(Sink):
             "partition_by": list(self.partition_by),
             "merge_keys": list(self.merge_keys),
             "schema_mode": self.schema_mode,
+            "location": self.location,
         }
 
     def metrics(self) -> dict[str, Any]:
@@ -357,8 +367,9 @@ class IcebergSink(Sink):
         catalog = self._require_catalog()
         try:
             catalog.create_namespace_if_not_exists(self.ident[:-1])
-            tx = catalog.create_table_transaction(self.ident, schema=iceberg_arrow(data.clear())
-                                                  .schema)
+            tx = catalog.create_table_transaction(
+                self.ident, schema=iceberg_arrow(data.clear()).schema,
+                **({"location": self.location} if self.location else {}))
             if self.partition_by:
                 with tx.update_spec() as spec:
                     for column in self.partition_by:
@@ -488,3 +499,13 @@ def _short(exc: BaseException, limit: int = 400) -> str:
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     text = text or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _table_location(location: str | None) -> str | None:
+    """``location`` as a URI: a local path made absolute (``file:///...``, without
+    a trailing slash); a URI with a scheme unchanged."""
+    if location is None:
+        return None
+    if "://" in location:
+        return location.rstrip("/")
+    return Path(location).expanduser().absolute().as_uri()

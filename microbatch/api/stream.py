@@ -2045,6 +2045,7 @@ class Stream:
         merge_keys: str | Sequence[str] | None = None,
         storage_options: Mapping[str, str] | None = None,
         schema_mode: SchemaMode | None = None,
+        location: str | None = None,
     ) -> DataStreamWriter:
         """Write to an Apache Iceberg table (PyIceberg), one catalog commit per batch,
         exactly once.
@@ -2082,6 +2083,10 @@ class Stream:
         schema_mode
             ``None`` (refuse different columns) or ``"merge"`` (add new
             columns; columns a batch lacks are written as nulls).
+        location
+            Where a table the sink creates lives (a path or URI; default: the
+            catalog's warehouse decides), so readers without the catalog
+            (DuckDB's ``iceberg_scan``, ``microbatch diff DIR``) find it.
 
         Returns
         -------
@@ -2133,6 +2138,7 @@ class Stream:
             merge_keys=merge_keys,
             storage_options=storage_options,
             schema_mode=schema_mode,
+            location=location,
         )
         return self.write_to(sink, output_mode=output_mode)
 
