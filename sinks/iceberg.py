@@ -368,8 +368,7 @@ class IcebergSink(Sink):
         try:
             catalog.create_namespace_if_not_exists(self.ident[:-1])
             tx = catalog.create_table_transaction(
-                self.ident, schema=iceberg_arrow(data.clear()).schema,
-                **({"location": self.location} if self.location else {}))
+                self.ident, schema=iceberg_arrow(data.clear()).schema, location=self.location)
             if self.partition_by:
                 with tx.update_spec() as spec:
                     for column in self.partition_by:
@@ -431,7 +430,11 @@ class IcebergSink(Sink):
         return data.with_columns(fill).select([*target.names(), *extra]), new_columns
 
     def _record(self, batch_id: int, *, skipped: bool, attempts: int, started: float) -> None:
+        from sinks.iceberg_io import write_version_hint
+
         snapshot = self._table.current_snapshot() if self._table is not None else None
+        if self._table is not None:
+            write_version_hint(self._table)
         self.last_commit = {
             "batch_id": batch_id,
             "skipped": skipped,

@@ -34,12 +34,27 @@ from typing import TYPE_CHECKING
 from pyiceberg.io import PY_IO_IMPL
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
-from statestore.durable import fsync_dir, fsync_file, make_dirs, note_replaced, note_written
+from statestore.durable import (
+    fsync_dir,
+    fsync_file,
+    make_dirs,
+    note_replaced,
+    note_written,
+    write_atomic,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
-__all__ = ["DurableFileIO", "note_catalog_commit", "sqlite_database", "use_durable_io"]
+__all__ = [
+    "VERSION_HINT",
+    "DurableFileIO",
+    "note_catalog_commit",
+    "sqlite_database",
+    "use_durable_io",
+    "write_version_hint",
+]
 
 DURABLE_IO = "sinks.iceberg_io.DurableFileIO"
 """The ``py-io-impl`` value that selects :class:`DurableFileIO`."""
@@ -110,3 +125,36 @@ def note_catalog_commit(catalog: Catalog) -> None:
     database = sqlite_database(catalog)
     if database is not None and database.exists():
         note_replaced(database)
+
+
+VERSION_HINT = "version-hint.text"
+"""The file in a table's ``metadata/`` directory naming its current metadata file
+(the Hadoop-table convention that DuckDB's ``iceberg_scan(DIR)`` reads)."""
+
+
+def write_version_hint(table: Table) -> Path | None:
+    """Point ``metadata/version-hint.text`` of a table on local disk at its current
+    metadata file (the file's name without ``.metadata.json``), so that readers
+    without the catalog open the directory: ``iceberg_scan('lake/alerts')`` in
+    DuckDB, ``microbatch diff lake/alerts``. Returns the hint's path, or None for
+    a table on an object store or one without metadata yet.
+
+    The hint is replaced atomically but not fsynced: the catalog stays the
+    commit point. After a crash it may name the previous metadata file, an
+    older but whole table; the sink rewrites it with every batch, replayed
+    batches included, so it catches up on the next run."""
+    location = str(table.metadata_location or "")
+    if location.startswith("file://"):
+        location = location.removeprefix("file://")
+    elif "://" in location or not location:
+        return None
+    current = Path(location)
+    hint = current.parent / VERSION_HINT
+    stem = current.name.removesuffix(".metadata.json")
+    try:
+        if hint.read_text() == stem:
+            return hint
+    except FileNotFoundError:
+        pass
+    write_atomic(hint, stem.encode(), durable=False)
+    return hint

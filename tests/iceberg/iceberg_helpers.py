@@ -105,14 +105,16 @@ def scan(table: Table) -> pl.DataFrame:
     return frame
 
 
-def duckdb_scan(table: Table) -> pl.DataFrame:
-    """Every row, as DuckDB's ``iceberg_scan`` reads the table's current metadata file."""
+def duckdb_scan(table: Table | Path) -> pl.DataFrame:
+    """Every row, as DuckDB's ``iceberg_scan`` reads the table's current metadata
+    file, or (a directory) the one its ``metadata/version-hint.text`` names."""
+    where = str(table) if isinstance(table, Path) else table.metadata_location
     con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
     try:
         for ext in ("avro", "iceberg"):  # NOTE: avro first: iceberg needs it loaded
             con.execute(f"LOAD '{duckdb_extensions() / f'{ext}.duckdb_extension'}'")
         con.execute("SET TimeZone = 'UTC'")
-        return con.execute("SELECT * FROM iceberg_scan(?)", [table.metadata_location]).pl()
+        return con.execute("SELECT * FROM iceberg_scan(?)", [where]).pl()
     finally:
         con.close()
 

@@ -169,10 +169,16 @@ def test_replay_after_the_sink_committed_but_commits_n_is_missing(
     query_id = summaries(table)[-1]["microbatch.query-id"]
     assert last_committed_batch(table, query_id) == 2
     assert table.properties[last_batch_property(query_id)] == "2"
+    hint = Path(committed.removeprefix("file://")).with_name("version-hint.text")
+    assert hint.read_text() == Path(committed).name.removesuffix(".metadata.json")
+    hint.write_text("00000-stale")  # a crash after the commit, before the hint's update
     (chk / "commits" / "2").unlink()  # the crash: the table has batch 2, the checkpoint not
     run()
     table = table_of(catalog_uri, "db.t")
     assert table.metadata_location == committed, "the replay committed nothing"
+    assert hint.read_text() == Path(committed).name.removesuffix(".metadata.json"), (
+        "the skipped replay points the hint at the table again")
+    assert duckdb_scan(hint.parent.parent)["id"].sort().to_list() == list(range(30))
     assert scan(table)["id"].sort().to_list() == list(range(30))
     assert (chk / "commits" / "2").exists()
 

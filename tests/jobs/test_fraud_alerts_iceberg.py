@@ -4,8 +4,8 @@ The same contract as ``test_fraud_alerts_job`` (its simulation of the watermark
 per batch is the oracle), with the alert and late tables written by the
 Iceberg sink: the job is SIGKILLed at each of the sink's fault points and at
 random moments, restarted, and then the alert table -- read back by PyIceberg
-through the catalog and by DuckDB's ``iceberg_scan`` from the table's own
-directory -- holds each window once, equal to the recompute.
+through the catalog and by DuckDB's ``iceberg_scan`` from the catalog's
+metadata file and from the table's own directory -- holds each window once, equal to the recompute.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def test_alerts_on_iceberg_under_kills_equal_the_recompute(tmp_path: Path) -> No
     assert got["alert_id"].n_unique() == got.height  # each window once
     assert got.equals(expected.cast(dict(got.schema)))  # type: ignore[arg-type]
     assert alerts(duckdb_scan(table)).equals(got)
+    assert alerts(duckdb_scan(lake / "fraud_alerts")).equals(got)  # the directory alone
 
     late = load_iceberg_table(catalog, "default.fraud_alerts_late")
     assert late is not None
