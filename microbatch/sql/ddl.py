@@ -88,6 +88,30 @@ def _names(value: str) -> list[str]:
     return names
 
 
+def _fields(value: str) -> list[str]:
+    """Comma-separated partition fields, commas inside a transform's parentheses
+    kept: ``'day(ts), bucket(16, card_id), k'``."""
+    fields, depth, start = [], 0, 0
+    for at, char in enumerate(value):
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            fields.append(value[start:at].strip())
+            start = at + 1
+    fields.append(value[start:].strip())
+    if depth != 0 or not all(fields):
+        raise ValueError("comma-separated columns or transforms, e.g. 'day(ts), card_id'")
+    return fields
+
+
+def _snapshot(value: str) -> str | int:
+    if value in ("earliest", "latest"):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("'earliest', 'latest' or a snapshot id") from None
+
+
 def _optional(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     def parse(value: str) -> Any:
         return None if value.strip().lower() in ("", "none") else convert(value)
@@ -143,6 +167,14 @@ CONNECTORS: dict[str, dict[Role, dict[str, Callable[[str], Any]]]] = {
                  "change_data_feed": _bool, "optimize_every": _int,
                  "schema_mode": _choice("merge"), "output_mode": _OUTPUT_MODE},
     },
+    "iceberg": {
+        "source": {"table": _text, "catalog": _text, "starting_snapshot": _snapshot,
+                   "starting_timestamp": _text, "max_files_per_batch": _int,
+                   "ignore_changes": _bool, "skip_change_commits": _bool},
+        "sink": {"table": _text, "catalog": _text, "merge_keys": _names,
+                 "partition_by": _fields, "schema_mode": _choice("merge"), "location": _text,
+                 "output_mode": _OUTPUT_MODE},
+    },
     "generator": {
         "source": {"rows_per_second": _optional(_float), "total_rows": _optional(_int),
                    "cards": _int, "zipf": _float, "partitions": _int, "max_delay": _text,
@@ -160,6 +192,7 @@ _REQUIRED: dict[tuple[str, Role], tuple[str, ...]] = {
     ("files", "source"): ("path",), ("files", "sink"): ("path",),
     ("kafka", "source"): ("topic", "bootstrap"), ("kafka", "sink"): ("topic", "bootstrap"),
     ("delta", "source"): ("path",), ("delta", "sink"): ("path",),
+    ("iceberg", "source"): ("table", "catalog"), ("iceberg", "sink"): ("table", "catalog"),
 }
 _EXAMPLE = ("WITH ('connector' = 'files', 'path' = 'landing/tx', 'format' = 'parquet')")
 
@@ -630,6 +663,12 @@ def _delta_source(table: TableDef, kwargs: dict[str, Any]) -> Stream:
     return _cast_to_declared(table, read_delta(kwargs.pop("path"), **kwargs))
 
 
+def _iceberg_source(table: TableDef, kwargs: dict[str, Any]) -> Stream:
+    from microbatch.api.readers import read_iceberg
+
+    return _cast_to_declared(table, read_iceberg(kwargs.pop("table"), **kwargs))
+
+
 def _generator_source(table: TableDef, kwargs: dict[str, Any]) -> Stream:
     from microbatch.api.readers import generate
 
@@ -638,7 +677,7 @@ def _generator_source(table: TableDef, kwargs: dict[str, Any]) -> Stream:
 
 _SOURCES: dict[str, Callable[[TableDef, dict[str, Any]], Stream]] = {
     "files": _files_source, "kafka": _kafka_source, "delta": _delta_source,
-    "generator": _generator_source,
+    "iceberg": _iceberg_source, "generator": _generator_source,
 }
 
 
@@ -658,6 +697,11 @@ def _delta_sink(table: TableDef, stream: Stream, mode: Any,
     return stream.write_delta(kwargs.pop("path"), output_mode=mode, **kwargs)
 
 
+def _iceberg_sink(table: TableDef, stream: Stream, mode: Any,
+                  kwargs: dict[str, Any]) -> DataStreamWriter:
+    return stream.write_iceberg(kwargs.pop("table"), output_mode=mode, **kwargs)
+
+
 def _console_sink(table: TableDef, stream: Stream, mode: Any,
                   kwargs: dict[str, Any]) -> DataStreamWriter:
     return stream.write_console(output_mode=mode, **kwargs)
@@ -670,5 +714,5 @@ def _memory_sink(table: TableDef, stream: Stream, mode: Any,
 
 _SINKS: dict[str, Callable[[TableDef, Stream, Any, dict[str, Any]], DataStreamWriter]] = {
     "files": _files_sink, "kafka": _kafka_sink, "delta": _delta_sink,
-    "console": _console_sink, "memory": _memory_sink,
+    "iceberg": _iceberg_sink, "console": _console_sink, "memory": _memory_sink,
 }
