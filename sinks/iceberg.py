@@ -334,6 +334,53 @@ class IcebergSink(Sink):
                 tx.append(arrow, snapshot_properties=summary)
         tx.set_properties({last_batch_property(batch.query_id): str(batch.batch_id)})
 
+    @property
+    def uri(self) -> str:
+        """The table as people name it: ``namespace.table`` in its catalog."""
+        return f"{self.name} (catalog {catalog_label(self.catalog_spec)})"
+
+    def replace_where(self, df: pl.DataFrame, predicate: str) -> int:
+        """Replace exactly the table's rows matching ``predicate`` (an Iceberg row
+        filter in SQL form, e.g. ``"day = '2026-01-03'"``) with ``df``, in one
+        commit (an overwrite snapshot; files that hold matching and other rows
+        are rewritten copy-on-write); rows not matching it are not touched.
+        Every row of ``df`` should match ``predicate``. Returns the new snapshot
+        id. Not part of a stream: a restatement of output rows."""
+        from pyiceberg.expressions.parser import parse
+
+        catalog = self._catalog or resolve_catalog(self.catalog_spec,
+                                                   storage_options=self.storage_options)
+        table = load_iceberg_table(catalog, self.ident)
+        if table is None:
+            raise SinkError(f"cannot restate rows of Iceberg table {self.uri}: it does not exist")
+        try:
+            row_filter = parse(predicate)
+        except Exception as exc:
+            raise SinkError(
+                f"--replace-where {predicate!r} is not an Iceberg row filter: {_short(exc)}. "
+                "Write it as SQL over the table's columns, e.g. \"day = '2026-01-03'\""
+            ) from exc
+        data, evolve = self._align(table, iceberg_frame(df, where=self.label), batch_id=-1)
+        if evolve:
+            raise SinkError(f"cannot restate rows of Iceberg table {self.uri}: the rows have "
+                            "columns the table lacks; run the job once to add them")
+        _without_commit_retries(table)
+        try:
+            table.overwrite(iceberg_arrow(data), overwrite_filter=row_filter,
+                            snapshot_properties={"microbatch.restate": predicate})
+        except Exception as exc:
+            raise SinkError(
+                f"cannot replace the rows where {predicate} in Iceberg table {self.uri}: "
+                f"{_short(exc)}. Nothing was committed."
+            ) from exc
+        from sinks.iceberg_io import note_catalog_commit, write_version_hint
+
+        note_catalog_commit(catalog)
+        write_version_hint(table)
+        snapshot = table.current_snapshot()
+        assert snapshot is not None  # the overwrite made one
+        return int(snapshot.snapshot_id)
+
     def _require_catalog(self) -> Catalog:
         if self._catalog is None:
             raise SinkError(f"{self.label} is not open; the engine opens sinks before a batch")

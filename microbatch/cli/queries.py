@@ -452,7 +452,7 @@ def backfill(
     replace_where: Annotated[str | None, typer.Option(
         "--replace-where", metavar="PREDICATE", help=(
             "Restate: recompute the job's output from its sources on a new checkpoint "
-            "and replace, in one Delta commit, exactly the rows of its output table "
+            "and replace, in one Delta or Iceberg commit, exactly the rows of its output table "
             "matching PREDICATE (SQL over the output's columns, e.g. \"day = "
             "'2026-01-03'\"); the other rows are not touched."))] = None,
 ) -> None:
@@ -463,7 +463,7 @@ def backfill(
     sources the backlog is known from the table's log: a terminal shows a
     progress bar (rows, versions and files done of total, rate, ETA); other
     outputs get one plain line per batch. With --replace-where it restates
-    rows of the job's Delta output instead of writing every batch to it.
+    rows of the job's Delta or Iceberg output instead of writing every batch to it.
     """
     from microbatch.checkpoint import Checkpoint
     from microbatch.cli.backfill import BackfillBar, BackfillLines, BackfillTracker
@@ -495,8 +495,9 @@ def backfill(
         if restate is not None and error is None and stopper.reason is None:
             rows = restate.rows()
             version = restate.commit(rows)
+            unit = "snapshot" if type(restate.table).__name__ == "IcebergSink" else "version"
             out.print(f"restated {rows.height:,} rows where {escape(restate.predicate)} in "
-                      f"{escape(restate.table.uri)} (version {version}); the other "
+                      f"{escape(restate.table.uri)} ({unit} {version}); the other "
                       f"rows are unchanged{_side_note(restate.side_rows())}", soft_wrap=True)
     if error is not None:
         raise _query_failed(query, error, job)

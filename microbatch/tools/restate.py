@@ -3,12 +3,14 @@
 Finance restates a day: recompute it from the source log and replace exactly
 that day's rows of the output table, leaving every other row as it is. The
 job's writer is run as a backfill (available-now, from the sources' start, on a
-new checkpoint) into a staging memory table instead of its Delta table; its
-final rows (upserted by the query's keys) that match the predicate then replace
-the table's rows that match it, in one Delta commit (``replaceWhere``).
+new checkpoint) into a staging memory table instead of its Delta or Iceberg
+table; its final rows (upserted by the query's keys) that match the predicate
+then replace the table's rows that match it, in one commit (Delta's
+``replaceWhere``; an Iceberg overwrite snapshot with that row filter).
 
 The predicate is SQL over the output's columns (``day = '2026-01-03'``): it
-selects the staged rows with Polars SQL and the replaced rows with Delta's.
+selects the staged rows with Polars SQL and the replaced rows with Delta's or
+PyIceberg's expression parser.
 
 The lateness rule is switched off for the whole replay: the backfill runs with
 ``hold_watermark=True`` (no row is late, no window closes until the input
@@ -36,6 +38,7 @@ from microbatch.api.writer import DataStreamWriter
 from microbatch.exceptions import MicrobatchError
 from sinks.base import Sink
 from sinks.delta import DeltaSink
+from sinks.iceberg import IcebergSink
 from sinks.memory import MemorySink, UnknownTableError, drop_memory_table, memory_table
 
 __all__ = ["Restatement"]
@@ -51,7 +54,7 @@ class Restatement:
     """
 
     staged: DataStreamWriter
-    table: DeltaSink
+    table: DeltaSink | IcebergSink
     predicate: str
     memory_name: str
     side_names: tuple[tuple[str, str], ...] = ()
@@ -59,12 +62,12 @@ class Restatement:
 
     @classmethod
     def of(cls, writer: DataStreamWriter, predicate: str) -> Restatement:
-        """Stage ``writer``; refuse a job whose output is not one Delta table."""
-        if not isinstance(writer.sink, DeltaSink):
+        """Stage ``writer``; refuse a job whose output is not one Delta or Iceberg table."""
+        if not isinstance(writer.sink, DeltaSink | IcebergSink):
             raise MicrobatchError(
-                f"--replace-where restates rows of a Delta table, and this job writes to "
-                f"{writer.sink.describe().get('kind')}; use it with a job whose writer is "
-                "write_delta(...)"
+                f"--replace-where restates rows of a Delta or Iceberg table, and this job "
+                f"writes to {writer.sink.describe().get('kind')}; use it with a job whose "
+                "writer is write_delta(...) or write_iceberg(...)"
             )
         if not predicate.strip():
             raise MicrobatchError("--replace-where needs a predicate, e.g. \"day = '2026-01-03'\"")
@@ -110,5 +113,6 @@ class Restatement:
             ) from None
 
     def commit(self, rows: pl.DataFrame) -> int:
-        """Replace the table's rows matching the predicate with ``rows``; the new version."""
+        """Replace the table's rows matching the predicate with ``rows``; the new Delta
+        version or Iceberg snapshot id."""
         return self.table.replace_where(rows, self.predicate)
