@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-latency bench-sinks bench-kafka bench-kafka-latency bench-stateful bench-disk-state bench-scale-out bench-worker-writes bench-peers bench-nexmark soak crash-explore clean
+.PHONY: demo test lint bench bench-latency bench-sinks bench-kafka bench-kafka-latency bench-stateful bench-disk-state bench-scale-out bench-worker-writes bench-lakehouse bench-peers bench-nexmark soak crash-explore clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,11 @@ bench-stateful: $(STAMP)
 # ARGS="--keys 1000000 --grow-to 10000000 --time-limit 300" for a quick one).
 bench-disk-state: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_disk_state $(ARGS)
+
+# Delta against Iceberg: the sinks' cost per batch and the sources' streaming read, each
+# against the format's one-shot write/read (benchmarks/bench_lakehouse.py; ARGS="--quick").
+bench-lakehouse: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_lakehouse $(ARGS)
 
 # The Ray executor's cost per batch against one process, and the scaling model
 # (benchmarks/bench_scale_out.py): Q1 from Parquet files into Delta, read and written
