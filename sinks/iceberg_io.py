@@ -30,6 +30,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
 
 from pyiceberg.io import PY_IO_IMPL
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
@@ -144,9 +145,10 @@ def write_version_hint(table: Table) -> Path | None:
     older but whole table; the sink rewrites it with every batch, replayed
     batches included, so it catches up on the next run."""
     location = str(table.metadata_location or "")
-    if location.startswith("file://"):
-        location = location.removeprefix("file://")
-    elif "://" in location or not location:
+    parsed = urlparse(location)
+    if parsed.scheme == "file":  # file:///x and file:/x (a REST server's) alike
+        location = unquote(parsed.path)
+    elif parsed.scheme or not location:
         return None
     current = Path(location)
     hint = current.parent / VERSION_HINT
