@@ -61,22 +61,23 @@ class PartitionTerm:
     def field_name(self) -> str:
         """Iceberg's default partition field name: ``ts_day``, ``id_bucket_16``,
         ``name_trunc_4``; the column itself for identity."""
-        if self.transform == "identity":
+        name, size = self._parts()
+        if name == "identity":
             return self.column
-        sized = _SIZED_TRANSFORM.fullmatch(self.transform)
-        if sized:
-            return f"{self.column}_{_FIELD_SUFFIX[sized[1]]}_{sized[2]}"
-        return f"{self.column}_{self.transform}"
+        return "_".join([self.column, _FIELD_SUFFIX.get(name, name), *([size] if size else [])])
 
     def __str__(self) -> str:
         """The term as ``partition_by`` writes it: ``card_id``, ``day(ts)``,
         ``bucket(16, card_id)``."""
-        if self.transform == "identity":
+        name, size = self._parts()
+        if name == "identity":
             return self.column
+        return f"{name}({size}, {self.column})" if size else f"{name}({self.column})"
+
+    def _parts(self) -> tuple[str, str | None]:
+        """``("bucket", "16")`` for ``bucket[16]``; ``("day", None)`` for ``day``."""
         sized = _SIZED_TRANSFORM.fullmatch(self.transform)
-        if sized:
-            return f"{sized[1]}({sized[2]}, {self.column})"
-        return f"{self.transform}({self.column})"
+        return (sized[1], sized[2]) if sized else (self.transform, None)
 
 
 def parse_partition_term(text: str) -> PartitionTerm:
