@@ -109,7 +109,7 @@ def test_a_stream_into_day_and_bucket_partitions_equals_one_shot(
 
 @settings(max_examples=2, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(cap=st.integers(5, 30))
+@given(cap=st.integers(8, 30))
 @example(cap=7)
 def test_update_windows_over_a_transformed_spec_equal_one_shot(
     tmp_path_factory: pytest.TempPathFactory, cap: int
