@@ -36,8 +36,9 @@ that failed or crashed before step 7 are referenced by no snapshot: readers
 never see them, and orphan-file maintenance removes them.
 
 The table (and its namespace) is created on the first batch from the
-batch's schema, with identity partitions on ``partition_by``, in a commit of
-its own before the batch's. A batch without rows commits nothing in
+batch's schema, partitioned as ``partition_by`` says (identity columns and
+transforms, :mod:`sinks.iceberg_partitions`), in a commit of its own before
+the batch's. A batch without rows commits nothing in
 ``append``, ``changelog`` and ``update`` mode; in ``complete`` mode an empty
 result is a real result and overwrites.
 
@@ -70,6 +71,12 @@ from sinks.iceberg_catalog import (
     table_identifier,
 )
 from sinks.iceberg_filters import key_filter
+from sinks.iceberg_partitions import (
+    add_partition_fields,
+    partition_terms,
+    require_transforms,
+    table_terms,
+)
 from sinks.iceberg_types import iceberg_arrow, iceberg_frame
 from sinks.schema_check import SchemaMode, column_names, mismatch_message, schema_differences
 
@@ -96,9 +103,15 @@ class IcebergSink(Sink):
         string (``sqlite:///PATH.db``, ``http(s)://HOST``, a configured
         catalog's name): :func:`sinks.iceberg_catalog.resolve_catalog`.
     partition_by
-        Columns of identity partitions of a table the sink creates. For an
-        existing table they must be its identity partition columns (or
-        ``None``: the table's spec is kept, whatever it is).
+        The partition spec of a table the sink creates: column names
+        (identity) and Iceberg transforms as Spark SQL writes them,
+        ``"year(ts)"``, ``"month(ts)"``, ``"day(ts)"``, ``"hour(ts)"``,
+        ``"bucket(16, card_id)"``, ``"truncate(4, name)"``
+        (:mod:`sinks.iceberg_partitions`; anything else is a
+        :class:`SinkConfigError`). Fields get Iceberg's default names
+        (``ts_day``, ``card_id_bucket_16``). For an existing table it must be
+        the table's spec, transforms included (or ``None``: the table's spec
+        is kept, whatever it is).
     merge_keys
         Columns identifying a row for ``update`` mode. Default: the query's
         key columns (window bounds and group keys).
@@ -157,7 +170,10 @@ class IcebergSink(Sink):
             raise SinkConfigError(f"max_attempts must be at least 1, got {max_attempts}")
         self.ident = table_identifier(table if isinstance(table, str) else tuple(table))
         self.catalog_spec = catalog
-        self.partition_by: tuple[str, ...] = _partition_columns(partition_by)
+        self.partitions = partition_terms(partition_by)
+        require_transforms(self.partitions)
+        self.partition_by: tuple[str, ...] = tuple(str(t) for t in self.partitions)
+        """``partition_by`` as terms in their canonical form (``day(ts)``, ``bucket(16, k)``)."""
         self.merge_keys: tuple[str, ...] = column_names(merge_keys, "merge_keys")
         self.storage_options: dict[str, str] = dict(storage_options or {})
         self.schema_mode: SchemaMode | None = schema_mode
@@ -401,11 +417,11 @@ class IcebergSink(Sink):
         return self._table
 
     def _create(self, data: pl.DataFrame, batch_id: int) -> Table:
-        """Create the namespace and the table with ``data``'s schema and identity
-        partitions (a commit of its own), and load it."""
+        """Create the namespace and the table with ``data``'s schema and the
+        ``partition_by`` spec (a commit of its own), and load it."""
         from pyiceberg.exceptions import TableAlreadyExistsError
 
-        missing = [c for c in self.partition_by if c not in data.columns]
+        missing = [t.column for t in self.partitions if t.column not in data.columns]
         if missing:
             raise SinkConfigError(
                 f"Iceberg table {self.name}: partition_by names {missing}, which batch "
@@ -416,13 +432,14 @@ class IcebergSink(Sink):
             catalog.create_namespace_if_not_exists(self.ident[:-1])
             tx = catalog.create_table_transaction(
                 self.ident, schema=iceberg_arrow(data.clear()).schema, location=self.location)
-            if self.partition_by:
+            if self.partitions:
                 with tx.update_spec() as spec:
-                    for column in self.partition_by:
-                        spec.add_identity(column)
+                    add_partition_fields(spec, self.partitions)
             tx.commit_transaction()
         except TableAlreadyExistsError:
             pass  # a concurrent creator won: use its table
+        except SinkConfigError:
+            raise
         except Exception as exc:
             if not _is_conflict(exc):
                 raise SinkError(
@@ -440,18 +457,16 @@ class IcebergSink(Sink):
         return table
 
     def _check_partitioning(self, table: Table) -> None:
-        if not self.partition_by:
+        """``partition_by``, when given, is the table's spec: the same columns and
+        transforms in the same order (field names may differ)."""
+        if not self.partitions:
             return
-        schema = table.schema()
-        existing = tuple(
-            schema.find_column_name(f.source_id) or "?" for f in table.spec().fields
-            if str(f.transform) == "identity"
-        )
-        if existing != self.partition_by or len(existing) != len(table.spec().fields):
+        existing = table_terms(table)
+        if existing != self.partitions:
             raise SinkConfigError(
-                f"Iceberg table {self.name} has the partition spec {table.spec()}, not "
-                f"identity partitions on {list(self.partition_by)}; pass partition_by=None "
-                "to keep the table's spec, or write to a new table"
+                f"Iceberg table {self.name} has the partition spec "
+                f"{[str(t) for t in existing]}, not partition_by={list(self.partition_by)}; "
+                "pass partition_by=None to keep the table's spec, or write to a new table"
             )
 
     def _align(
@@ -500,20 +515,6 @@ class IcebergSink(Sink):
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _partition_columns(value: str | Sequence[str] | None) -> tuple[str, ...]:
-    names = column_names(value, "partition_by")
-    transformed = [n for n in names if "(" in n]
-    if transformed:
-        raise SinkConfigError(
-            f"partition_by={list(names)}: the Iceberg sink creates identity partitions only "
-            f"(PyIceberg computes transforms such as {transformed[0]} with the optional "
-            "pyiceberg-core package); partition by a column holding the value (e.g. "
-            "with_columns(day=pl.col('ts').dt.date())), or create the table with its spec "
-            "beforehand and pass partition_by=None"
-        )
-    return names
 
 
 def _without_commit_retries(table: Table) -> None:

@@ -2072,8 +2072,12 @@ class Stream:
         output_mode
             ``"append"``, ``"update"``, ``"complete"`` or ``"changelog"``.
         partition_by
-            Identity partition columns of a table the sink creates (for an
-            existing table: its own, or ``None``).
+            The partition spec of a table the sink creates: columns
+            (identity) and Iceberg transforms as Spark SQL writes them,
+            ``"year(ts)"``, ``"month(ts)"``, ``"day(ts)"``, ``"hour(ts)"``,
+            ``"bucket(16, card_id)"``, ``"truncate(4, name)"`` (case-insensitive;
+            fields named ``ts_day``, ``card_id_bucket_16``...). For an existing
+            table: its own spec, transforms included, or ``None``.
         merge_keys
             Columns identifying a row for ``update`` (default: the
             aggregation's window and group keys).
@@ -2098,7 +2102,8 @@ class Stream:
             For ``output_mode="update"`` on a stream without aggregation keys and
             without ``merge_keys``.
         SinkConfigError
-            When PyIceberg is missing: ``pip install 'microbatch[iceberg]'``.
+            When PyIceberg is missing: ``pip install 'microbatch[iceberg]'``;
+            for a ``partition_by`` term that is not one of the forms above.
 
         Examples
         --------
