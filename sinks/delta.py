@@ -69,7 +69,6 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -86,10 +85,11 @@ from sinks.delta_files import (
     indexed_columns_of,
     partitions_supported,
 )
-from sinks.delta_writers import WriterEntry, check_writers, now_text, register_writer
+from sinks.delta_writers import WriterEntry, check_writers, register_writer
 from sinks.exceptions import SinkConfigError, SinkError
 from sinks.schema_check import Difference, SchemaMode, column_names, mismatch_message
 from sinks.schema_check import schema_differences as column_differences
+from sinks.writers import registration_properties
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -524,8 +524,7 @@ class DeltaSink(Sink):
     def _create_configuration(self) -> dict[str, str | None]:
         """The new table's properties: its change feed, and this query as its writer
         (registered in the creating commit: no extra version)."""
-        me = replace(self._writer(), since=now_text())
-        config: dict[str, str | None] = {me.key: me.to_json()}
+        config: dict[str, str | None] = dict(registration_properties({}, me=self._writer()))
         if self.change_data_feed:
             config[_CDF] = "true"
         return config
