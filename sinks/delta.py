@@ -89,7 +89,7 @@ from sinks.delta_writers import WriterEntry, check_writers, register_writer
 from sinks.exceptions import SinkConfigError, SinkError
 from sinks.schema_check import Difference, SchemaMode, column_names, mismatch_message
 from sinks.schema_check import schema_differences as column_differences
-from sinks.writers import registration_properties
+from sinks.writers import registration_properties, writer_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -255,13 +255,7 @@ class DeltaSink(Sink):
                 self._indexed = None
 
     def _writer(self) -> WriterEntry:
-        ctx = self.context
-        return WriterEntry(
-            query_id=ctx.query_id,
-            checkpoint=None if ctx.checkpoint_dir is None else str(ctx.checkpoint_dir),
-            role=ctx.role,
-            allow_other_writers=self.allow_other_writers,
-        )
+        return writer_of(self.context, allow_other_writers=self.allow_other_writers)
 
     def _register(self, table: DeltaTable) -> None:
         """Refuse a table another query writes; register this query on it."""

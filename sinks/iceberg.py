@@ -85,7 +85,13 @@ from sinks.iceberg_catalog import (
 from sinks.iceberg_filters import key_filter
 from sinks.iceberg_types import iceberg_arrow, iceberg_frame
 from sinks.schema_check import SchemaMode, column_names, mismatch_message, schema_differences
-from sinks.writers import RegistryView, WriterEntry, check_registry, registration_properties
+from sinks.writers import (
+    RegistryView,
+    WriterEntry,
+    check_registry,
+    registration_properties,
+    writer_of,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -415,13 +421,7 @@ class IcebergSink(Sink):
         return int(snapshot.snapshot_id)
 
     def _writer(self) -> WriterEntry:
-        ctx = self.context
-        return WriterEntry(
-            query_id=ctx.query_id,
-            checkpoint=None if ctx.checkpoint_dir is None else str(ctx.checkpoint_dir),
-            role=ctx.role,
-            allow_other_writers=self.allow_other_writers,
-        )
+        return writer_of(self.context, allow_other_writers=self.allow_other_writers)
 
     def _check_writers(self, table: Table, *, opening: bool) -> dict[str, str]:
         """Refuse a table another query writes, or that retired this query

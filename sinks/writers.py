@@ -36,9 +36,12 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sinks.exceptions import OtherWriterError, PromoteUnfinishedError, RetiredWriterError
+
+if TYPE_CHECKING:
+    from sinks.base import SinkContext
 
 __all__ = [
     "WRITER_PREFIX",
@@ -49,6 +52,7 @@ __all__ = [
     "now_text",
     "promote_properties",
     "registration_properties",
+    "writer_of",
     "writers_of",
 ]
 
@@ -136,6 +140,17 @@ class RegistryView:
 def now_text() -> str:
     """The current UTC time as ISO 8601 text, to the second."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def writer_of(ctx: SinkContext, *, allow_other_writers: bool) -> WriterEntry:
+    """The entry of the query a sink was opened with ``ctx`` for (its query id,
+    checkpoint and role), not registered yet (no ``since``)."""
+    return WriterEntry(
+        query_id=ctx.query_id,
+        checkpoint=None if ctx.checkpoint_dir is None else str(ctx.checkpoint_dir),
+        role=ctx.role,
+        allow_other_writers=allow_other_writers,
+    )
 
 
 def writers_of(properties: Mapping[str, str | None]) -> dict[str, WriterEntry]:
