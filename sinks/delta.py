@@ -69,7 +69,6 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -86,10 +85,11 @@ from sinks.delta_files import (
     indexed_columns_of,
     partitions_supported,
 )
-from sinks.delta_writers import WriterEntry, check_writers, now_text, register_writer
+from sinks.delta_writers import WriterEntry, check_writers, register_writer
 from sinks.exceptions import SinkConfigError, SinkError
 from sinks.schema_check import Difference, SchemaMode, column_names, mismatch_message
 from sinks.schema_check import schema_differences as column_differences
+from sinks.writers import registration_properties, writer_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -255,13 +255,7 @@ class DeltaSink(Sink):
                 self._indexed = None
 
     def _writer(self) -> WriterEntry:
-        ctx = self.context
-        return WriterEntry(
-            query_id=ctx.query_id,
-            checkpoint=None if ctx.checkpoint_dir is None else str(ctx.checkpoint_dir),
-            role=ctx.role,
-            allow_other_writers=self.allow_other_writers,
-        )
+        return writer_of(self.context, allow_other_writers=self.allow_other_writers)
 
     def _register(self, table: DeltaTable) -> None:
         """Refuse a table another query writes; register this query on it."""
@@ -524,8 +518,7 @@ class DeltaSink(Sink):
     def _create_configuration(self) -> dict[str, str | None]:
         """The new table's properties: its change feed, and this query as its writer
         (registered in the creating commit: no extra version)."""
-        me = replace(self._writer(), since=now_text())
-        config: dict[str, str | None] = {me.key: me.to_json()}
+        config: dict[str, str | None] = dict(registration_properties({}, me=self._writer()))
         if self.change_data_feed:
             config[_CDF] = "true"
         return config

@@ -11,7 +11,9 @@ exactly-once)::
         2. if last_committed_batch(table, query id) >= N: return  # a replay: no-op
         3. check the batch's schema against the table's (SinkError before
            anything is written); schema_mode="merge": evolve it by name in
-           the transaction below
+           the transaction below; check the table's writers (sinks.writers:
+           this query retired -> RetiredWriterError; not registered yet and
+           another active query registered -> OtherWriterError)
         4. ctx.at("sink.before_data", N)
         5. one transaction on the handle of step 2, writing data files and
            manifests (durably on a local warehouse: sinks.iceberg_io):
@@ -19,7 +21,9 @@ exactly-once)::
               update:   delete every row whose key the batch upserts or
                         deletes, then append the upserts (copy-on-write)
               complete: overwrite the table with the rows
-           plus the table property microbatch.last-batch.<query id> = N
+           plus the table property microbatch.last-batch.<query id> = N, and,
+           when this query is not registered yet and the transaction adds a
+           snapshot, its writer entry microbatch.writer.<query id>
         6. ctx.at("sink.before_commit", N)
         7. the catalog commit, with PyIceberg's own retries off (they would
            re-apply the appends on top of the winner). CommitFailedException
@@ -34,6 +38,15 @@ transaction started from (PyIceberg's ``AssertRefSnapshotId``); a writer
 whose read is stale fails and re-reads in step 2. Files written by an attempt
 that failed or crashed before step 7 are referenced by no snapshot: readers
 never see them, and orphan-file maintenance removes them.
+
+Why the registration rides in a data commit and not in a properties commit
+at open: PyIceberg's ``set_properties`` carries no requirement, and a catalog
+applies it on top of whatever metadata is current, so two queries registering
+from stale reads would both land. A commit adding a snapshot requires the
+branch to be where the transaction read it: of two queries whose first rows
+race, the second's commit fails, it reloads, finds the winner's entry and is
+refused before any of its rows land. At open the sink only checks (a table
+another query is registered on is refused there).
 
 The table (and its namespace) is created on the first batch from the
 batch's schema, partitioned as ``partition_by`` says (identity columns and
@@ -79,6 +92,13 @@ from sinks.iceberg_partitions import (
 )
 from sinks.iceberg_types import iceberg_arrow, iceberg_frame
 from sinks.schema_check import SchemaMode, column_names, mismatch_message, schema_differences
+from sinks.writers import (
+    RegistryView,
+    WriterEntry,
+    check_registry,
+    registration_properties,
+    writer_of,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -132,6 +152,15 @@ class IcebergSink(Sink):
         ``microbatch diff DIR``) find the table by its directory.
     max_attempts
         Commit attempts per batch (each after a reload) before giving up.
+    allow_other_writers
+        ``False`` (default): the table belongs to one streaming query. The
+        sink registers its query in the table's properties
+        (:mod:`sinks.writers`, in the query's first commit that adds rows) and
+        refuses a table another active query is registered on
+        (:class:`~sinks.exceptions.OtherWriterError`, naming that query's
+        checkpoint), at open and before every commit until it is registered:
+        two checkpoints appending the same rows would double them. ``True``:
+        several queries write the table on purpose (each its own rows).
 
     Output modes: ``append`` appends; ``changelog`` appends the change rows
     with ``_change_type``; ``update`` deletes the rows of every key the
@@ -142,9 +171,9 @@ class IcebergSink(Sink):
     crashes, replays and concurrent writers with the same query id; a batch
     is all there or not there (one catalog commit); a schema mismatch never
     writes anything; on a local warehouse every file of a commit is on disk
-    before the catalog names it (:mod:`sinks.iceberg_io`). Not guaranteed:
-    that no *other* query writes the table (there is no writer registry, as
-    the Delta sink has).
+    before the catalog names it (:mod:`sinks.iceberg_io`); a second query
+    writing the table is refused before any of its rows land (unless
+    ``allow_other_writers=True``), and so is a query retired from it.
     """
 
     supported_modes: tuple[OutputMode, ...] = ("append", "update", "complete", "changelog")
@@ -160,6 +189,7 @@ class IcebergSink(Sink):
         schema_mode: SchemaMode | None = None,
         location: str | None = None,
         max_attempts: int = MAX_ATTEMPTS,
+        allow_other_writers: bool = False,
     ) -> None:
         if schema_mode not in (None, "merge"):
             raise SinkConfigError(
@@ -179,6 +209,7 @@ class IcebergSink(Sink):
         self.schema_mode: SchemaMode | None = schema_mode
         self.location = _table_location(location)
         self.max_attempts = max_attempts
+        self.allow_other_writers = bool(allow_other_writers)
         self.last_commit: dict[str, Any] = {}
         """What the last ``add_batch`` did: ``batch_id``, ``skipped``, ``attempts``,
         ``snapshot_id`` and ``commit_ms``."""
@@ -199,7 +230,8 @@ class IcebergSink(Sink):
         return f"IcebergSink({self.name!r})"
 
     def on_open(self, ctx: SinkContext) -> None:
-        """Resolve the catalog; check the keys and an existing table's partitioning."""
+        """Resolve the catalog; check the keys, an existing table's partitioning
+        and its writers (another active query's table is refused here)."""
         if ctx.output_mode == "update" and not (self.merge_keys or ctx.key_columns):
             raise SinkConfigError(
                 f"Iceberg table {self.name}: output_mode='update' replaces rows by key, and "
@@ -216,6 +248,7 @@ class IcebergSink(Sink):
         self._fresh = False
         if self._table is not None:
             self._check_partitioning(self._table)
+            self._check_writers(self._table, opening=True)
 
     def is_written(self, batch: BatchContext) -> bool:
         """The table records this query's batch ``batch_id`` or a later one."""
@@ -247,6 +280,9 @@ class IcebergSink(Sink):
                 return
             if table is None:
                 table = self._create(rows, batch_id)
+            # NOTE: before every commit: until this query is registered, the reload
+            # after a lost race must find the winner's entry and refuse
+            registration = self._check_writers(table, opening=False)
             aligned, evolve = self._align(table, rows, batch_id)
             batch.at("sink.before_data")
             _without_commit_retries(table)
@@ -259,6 +295,8 @@ class IcebergSink(Sink):
                 raise
             except Exception as exc:
                 raise self._write_error(batch_id, exc) from exc
+            if registration and _adds_snapshot(tx, table):
+                tx.set_properties(registration)
             batch.at("sink.before_commit")
             try:
                 tx.commit_transaction()
@@ -296,6 +334,7 @@ class IcebergSink(Sink):
             "merge_keys": list(self.merge_keys),
             "schema_mode": self.schema_mode,
             "location": self.location,
+            "allow_other_writers": self.allow_other_writers,
         }
 
     def metrics(self) -> dict[str, Any]:
@@ -396,6 +435,28 @@ class IcebergSink(Sink):
         snapshot = table.current_snapshot()
         assert snapshot is not None  # the overwrite made one
         return int(snapshot.snapshot_id)
+
+    def _writer(self) -> WriterEntry:
+        return writer_of(self.context, allow_other_writers=self.allow_other_writers)
+
+    def _check_writers(self, table: Table, *, opening: bool) -> dict[str, str]:
+        """Refuse a table another query writes, or that retired this query
+        (:func:`sinks.writers.check_registry`; the whole check when ``opening``
+        or this query is not registered yet, else the retirement only); the
+        properties that register this query when it is not (empty when it is)."""
+        me = self._writer()
+        properties = table.properties
+        view = RegistryView(
+            table=f"Iceberg table {self.uri}", properties=properties,
+            committed=lambda query_id: last_committed_batch(table, query_id),
+            opt_in="write_iceberg (IcebergSink)", new_table="a new table",
+            new_version="a new version of the output")
+        predecessors = self.context.predecessors
+        mine = check_registry(view, me=me, opening=opening or me.key not in properties,
+                              predecessors=predecessors)
+        if mine is not None:
+            return {}
+        return registration_properties(properties, me=me, predecessors=predecessors)
 
     def _require_catalog(self) -> Catalog:
         if self._catalog is None:
@@ -530,6 +591,13 @@ def _without_commit_retries(table: Table) -> None:
     if props.get(TableProperties.COMMIT_NUM_RETRIES) != "0":
         table.metadata = table.metadata.model_copy(
             update={"properties": {**props, TableProperties.COMMIT_NUM_RETRIES: "0"}})
+
+
+def _adds_snapshot(tx: Transaction, table: Table) -> bool:
+    """The transaction adds a snapshot: its commit then requires the branch to be
+    where ``table`` has it (PyIceberg's ``AssertRefSnapshotId``), so it fails
+    when another commit of rows landed since (a registration race's loser)."""
+    return tx.table_metadata.current_snapshot_id != table.metadata.current_snapshot_id
 
 
 def _is_conflict(exc: BaseException) -> bool:

@@ -2046,6 +2046,7 @@ class Stream:
         storage_options: Mapping[str, str] | None = None,
         schema_mode: SchemaMode | None = None,
         location: str | None = None,
+        allow_other_writers: bool = False,
     ) -> DataStreamWriter:
         """Write to an Apache Iceberg table (PyIceberg), one catalog commit per batch,
         exactly once.
@@ -2091,6 +2092,14 @@ class Stream:
             Where a table the sink creates lives (a path or URI; default: the
             catalog's warehouse decides), so readers without the catalog
             (DuckDB's ``iceberg_scan``, ``microbatch diff DIR``) find it.
+        allow_other_writers
+            The table belongs to one query by default, as with
+            ``write_delta``: the query registers itself in the table's
+            properties (in its first commit of rows), and a table another
+            active query is registered on is refused when the query starts,
+            or at its first commit if both start at once (two checkpoints
+            appending the same rows would double them). ``True`` when several
+            queries write the table on purpose.
 
         Returns
         -------
@@ -2104,6 +2113,9 @@ class Stream:
         SinkConfigError
             When PyIceberg is missing: ``pip install 'microbatch[iceberg]'``;
             for a ``partition_by`` term that is not one of the forms above.
+            ``OtherWriterError`` (a ``SinkConfigError``), when the query
+            starts, for a table another query writes (see
+            ``allow_other_writers``).
 
         Examples
         --------
@@ -2144,6 +2156,7 @@ class Stream:
             storage_options=storage_options,
             schema_mode=schema_mode,
             location=location,
+            allow_other_writers=allow_other_writers,
         )
         return self.write_to(sink, output_mode=output_mode)
 

@@ -231,7 +231,7 @@ def test_schema_merge_adds_columns_by_name_in_the_batch_commit(catalog_uri: str)
     assert scan(table).sort("k").rows() == [("a", 1, None), (None, 2, 2.5)]
     assert len(summaries(table)) == 2, "the schema change is in the batch's own commit"
 
-    strict = IcebergSink("db.t", catalog=catalog_uri)
+    strict = IcebergSink("db.t", catalog=catalog_uri, allow_other_writers=True)
     strict.open(SinkContext(query_id="q2"))
     with pytest.raises(SinkError, match=r"'new'.*schema_mode='merge'"):
         strict.add_batch(0, pl.DataFrame({"g": ["b"], "k": [3], "extra": [1.0], "new": [1]}))
