@@ -18,19 +18,17 @@ import pytest
 
 from sinks.iceberg_catalog import load_iceberg_table, resolve_catalog
 from tests.iceberg.iceberg_helpers import duckdb_scan
-from tests.jobs.test_fraud_alerts_job import FILES, MINUTE_MS, PER_BATCH, job, run, simulate
+from tests.jobs.test_fraud_alerts_job import (
+    FILES,
+    MINUTE_MS,
+    PER_BATCH,
+    job,
+    run,
+    simulate,
+)
+from tests.jobs.test_fraud_alerts_job import alert_rows as alerts
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
-
-
-def alerts(frame: pl.DataFrame) -> pl.DataFrame:
-    return frame.select(
-        "alert_id", "card_id",
-        pl.col("window_start").dt.epoch("ms").alias("ws"),
-        (pl.col("window_end") - pl.col("window_start")).dt.total_milliseconds().alias("len_ms"),
-        "transactions", "total_amount", "max_amount",
-        pl.col("first_event_time").dt.epoch("ms"), pl.col("last_event_time").dt.epoch("ms"),
-    ).sort("alert_id")
 
 
 def test_alerts_on_iceberg_under_kills_equal_the_recompute(tmp_path: Path) -> None:

@@ -84,7 +84,11 @@ def simulate(
 
 
 def table(path: Path) -> pl.DataFrame:
-    df = pl.read_delta(str(path))
+    return alert_rows(pl.read_delta(str(path)))
+
+
+def alert_rows(df: pl.DataFrame) -> pl.DataFrame:
+    """An alert table's rows in comparable form (windows as epoch ms), sorted."""
     return df.select(
         "alert_id", "card_id",
         pl.col("window_start").dt.epoch("ms").alias("ws"),
