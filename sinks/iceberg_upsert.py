@@ -36,8 +36,10 @@ from sinks.iceberg_internals import check_arrow_schema, write_data_files
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.io import FileIO
+    from pyiceberg.io.pyarrow import ArrowScan
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import FileScanTask, Transaction
+    from pyiceberg.table.metadata import TableMetadata
 
 __all__ = ["stage_upsert"]
 
@@ -49,15 +51,17 @@ def stage_upsert(
     """Stage in ``tx`` one snapshot (with ``summary``) in which no row of a
     ``touched`` key is left from before and ``upserts`` are added; files are
     written through ``io``, nothing is committed."""
-    metadata = tx.table_metadata
+    import pyarrow as pa
+
+    metadata = tx.table_metadata  # NOTE: once: each access copies the whole metadata
     if upserts.num_rows:
         check_arrow_schema(metadata, upserts.schema)
     touched = touched.select(keys).unique()
     removed: list[DataFile] = []
     kept: list[pa.Table] = []
-    for task in _candidates(tx, io, touched, keys):
-        rows = _read(tx, io, task)
-        left = _without_keys(rows, touched, keys)
+    reader = _reader(metadata, io)
+    for task in _candidates(metadata, io, touched, keys):
+        left = _without_keys(reader.to_table(tasks=[task]), touched, keys)
         if left is not None:
             removed.append(task.file)
             kept.append(left)
@@ -68,7 +72,10 @@ def stage_upsert(
         counter = itertools.count(0)
         for data_file in removed:
             snapshot.delete_data_file(data_file)
-        for rows in (*kept, upserts):
+        # NOTE: the kept rows of all files in one write (they share the reader's
+        # schema): files and partitioning are paid per write, not per removed file
+        rows_of = [pa.concat_tables(kept)] if kept else []
+        for rows in (*rows_of, upserts):
             if rows.num_rows:
                 for data_file in write_data_files(metadata, io, rows, snapshot.commit_uuid,
                                                   counter):
@@ -76,26 +83,25 @@ def stage_upsert(
 
 
 def _candidates(
-    tx: Transaction, io: FileIO, touched: pl.DataFrame, keys: Sequence[str]
+    metadata: TableMetadata, io: FileIO, touched: pl.DataFrame, keys: Sequence[str]
 ) -> list[FileScanTask]:
-    """The data files of the transaction's snapshot that may hold a touched key."""
+    """The data files of the current snapshot that may hold a touched key."""
     from pyiceberg.table import DataScan
 
-    if touched.height == 0 or tx.table_metadata.current_snapshot() is None:
+    if touched.height == 0 or metadata.current_snapshot() is None:
         return []
-    scan = DataScan(table_metadata=tx.table_metadata, io=io,
-                    row_filter=candidate_filter(touched, keys))
+    scan = DataScan(table_metadata=metadata, io=io, row_filter=candidate_filter(touched, keys))
     return list(scan.plan_files())
 
 
-def _read(tx: Transaction, io: FileIO, task: FileScanTask) -> pa.Table:
-    """All rows of ``task``'s file in the transaction's current schema."""
+def _reader(metadata: TableMetadata, io: FileIO) -> ArrowScan:
+    """A reader of all rows of a file in the current schema (columns by field id,
+    positional deletes applied)."""
     from pyiceberg.expressions import AlwaysTrue
     from pyiceberg.io.pyarrow import ArrowScan
 
-    metadata = tx.table_metadata
     return ArrowScan(table_metadata=metadata, io=io, projected_schema=metadata.schema(),
-                     row_filter=AlwaysTrue()).to_table(tasks=[task])
+                     row_filter=AlwaysTrue())
 
 
 def _without_keys(rows: pa.Table, touched: pl.DataFrame, keys: Sequence[str]) -> pa.Table | None:
