@@ -72,9 +72,11 @@ def stage_upsert(
         counter = itertools.count(0)
         for data_file in removed:
             snapshot.delete_data_file(data_file)
-        # NOTE: the kept rows of all files in one write (they share the reader's
-        # schema): files and partitioning are paid per write, not per removed file
-        rows_of = [pa.concat_tables(kept)] if kept else []
+        # NOTE: the kept rows of all files in one write: files and partitioning
+        # are paid per write, not per removed file. The reader gives every file
+        # the table's schema; "permissive" unifies string/large_string and the
+        # like when files were written by different writers
+        rows_of = [pa.concat_tables(kept, promote_options="permissive")] if kept else []
         for rows in (*rows_of, upserts):
             if rows.num_rows:
                 for data_file in write_data_files(metadata, io, rows, snapshot.commit_uuid,
