@@ -165,9 +165,10 @@ class IcebergSink(Sink):
         several queries write the table on purpose (each its own rows).
 
     Output modes: ``append`` appends; ``changelog`` appends the change rows
-    with ``_change_type``; ``update`` deletes the rows of every key the
-    batch touches and appends its upserts, in one commit (a changelog
-    batch's deletes included); ``complete`` overwrites.
+    with ``_change_type``; ``update`` removes the rows of every key the
+    batch touches (rewriting only the files that hold one) and adds its
+    upserts, in one snapshot (a changelog batch's deletes included);
+    ``complete`` overwrites.
 
     Guarantees: a batch id is in the table at most once, whatever the
     crashes, replays and concurrent writers with the same query id; a batch
