@@ -18,8 +18,10 @@ exactly-once)::
         5. one transaction on the handle of step 2, writing data files and
            manifests (durably on a local warehouse: sinks.iceberg_io):
               append, changelog: append the rows
-              update:   delete every row whose key the batch upserts or
-                        deletes, then append the upserts (copy-on-write)
+              update:   one snapshot that rewrites the files holding a key the
+                        batch upserts or deletes without those rows and adds
+                        the upserts (copy-on-write in Polars:
+                        sinks.iceberg_upsert)
               complete: overwrite the table with the rows
            plus the table property microbatch.last-batch.<query id> = N, and,
            when this query is not registered yet and the transaction adds a
@@ -83,7 +85,6 @@ from sinks.iceberg_catalog import (
     resolve_catalog,
     table_identifier,
 )
-from sinks.iceberg_filters import key_filter
 from sinks.iceberg_partitions import (
     add_partition_fields,
     partition_terms,
@@ -91,6 +92,7 @@ from sinks.iceberg_partitions import (
     table_terms,
 )
 from sinks.iceberg_types import iceberg_arrow, iceberg_frame
+from sinks.iceberg_upsert import stage_upsert
 from sinks.schema_check import SchemaMode, column_names, mismatch_message, schema_differences
 from sinks.writers import (
     RegistryView,
@@ -163,9 +165,10 @@ class IcebergSink(Sink):
         several queries write the table on purpose (each its own rows).
 
     Output modes: ``append`` appends; ``changelog`` appends the change rows
-    with ``_change_type``; ``update`` deletes the rows of every key the
-    batch touches and appends its upserts, in one commit (a changelog
-    batch's deletes included); ``complete`` overwrites.
+    with ``_change_type``; ``update`` removes the rows of every key the
+    batch touches (rewriting only the files that hold one) and adds its
+    upserts, in one snapshot (a changelog batch's deletes included);
+    ``complete`` overwrites.
 
     Guarantees: a batch id is in the table at most once, whatever the
     crashes, replays and concurrent writers with the same query id; a batch
@@ -288,9 +291,7 @@ class IcebergSink(Sink):
             _without_commit_retries(table)
             tx = table.transaction()
             try:
-                with warnings.catch_warnings():  # nothing to delete (new keys) is normal
-                    warnings.filterwarnings("ignore", "Delete operation did not match")
-                    self._stage(tx, batch, aligned, touched, keys, evolve=evolve)
+                self._stage(tx, batch, aligned, touched, keys, table=table, evolve=evolve)
             except SinkError:
                 raise
             except Exception as exc:
@@ -371,7 +372,7 @@ class IcebergSink(Sink):
 
     def _stage(
         self, tx: Transaction, batch: BatchContext, data: pl.DataFrame, touched: pl.DataFrame,
-        keys: Sequence[str], *, evolve: bool,
+        keys: Sequence[str], *, table: Table, evolve: bool,
     ) -> None:
         """Step 5: the batch's changes in ``tx`` (files written, nothing committed)."""
         summary = batch_summary(batch.query_id, batch.batch_id, batch.run.role)
@@ -381,12 +382,13 @@ class IcebergSink(Sink):
                 update.union_by_name(arrow.schema)
         mode = batch.output_mode
         if mode == "complete":
-            tx.overwrite(arrow, snapshot_properties=summary)
-        else:
-            if mode == "update" and touched.height:
-                tx.delete(key_filter(touched, keys), snapshot_properties=summary)
-            if data.height:
-                tx.append(arrow, snapshot_properties=summary)
+            with warnings.catch_warnings():  # an empty table has nothing to delete: normal
+                warnings.filterwarnings("ignore", "Delete operation did not match")
+                tx.overwrite(arrow, snapshot_properties=summary)
+        elif mode == "update":
+            stage_upsert(tx, table.io, arrow, touched, keys=keys, summary=summary)
+        elif data.height:
+            tx.append(arrow, snapshot_properties=summary)
         tx.set_properties({last_batch_property(batch.query_id): str(batch.batch_id)})
 
     @property

@@ -1,18 +1,18 @@
-"""The row filter that selects a batch's keys in an Iceberg table (``update`` mode).
+"""The row filter that finds the data files a batch's keys may be in (``update`` mode).
 
-PyIceberg deletes rows by a boolean expression. For the keys of a batch the
-expression is built without a term per row:
+Update mode replaces the table rows whose key equals one of the batch's keys
+(:mod:`sinks.iceberg_upsert`). Which files hold such rows is decided by
+PyIceberg's scan planning (partition values and column bounds) with a filter
+of a few terms, whatever the number of keys: per key column the range
+``min <= k <= max`` of the batch's values (``k = v`` when they are all one
+value), ``OR k IS NULL`` when a key value is null, the columns AND'ed. Every
+row of a touched key matches it, so no file holding one is missed; files it
+matches that hold none are read and left alone.
 
-- one key column: ``k IN (values)`` (``OR k IS NULL`` when a key is null);
-- several: the key column with the most distinct values is the *inner* one;
-  the batch's keys are grouped by the other columns, and each group is
-  ``a = x AND b = y AND inner IN (values)``; the groups are OR'ed as a
-  balanced tree (PyIceberg's visitors recurse: a chain of thousands of ORs
-  would overflow the stack). A windowed aggregation, keyed by
-  ``(window_start, window_end, group...)``, makes one term per window.
-
-Null key values match nulls (``IS NULL``), as the Delta sink's
-``IS NOT DISTINCT FROM`` does.
+Null key values match nulls, as the Delta sink's ``IS NOT DISTINCT FROM``
+does. A key column whose values have no order Iceberg prunes by (booleans,
+nested types, floats holding NaN) adds no term: every file is a candidate
+for it.
 """
 
 from __future__ import annotations
@@ -25,29 +25,19 @@ import polars as pl
 if TYPE_CHECKING:
     from pyiceberg.expressions import BooleanExpression
 
-__all__ = ["key_filter"]
+__all__ = ["candidate_filter"]
 
 
-def key_filter(keys: pl.DataFrame, columns: Sequence[str]) -> BooleanExpression:
-    """An expression true exactly for the table rows whose ``columns`` equal one
-    row of ``keys`` (``AlwaysFalse`` when ``keys`` has no rows)."""
-    from pyiceberg.expressions import AlwaysFalse, And
-
-    keys = keys.select(columns).unique()
+def candidate_filter(keys: pl.DataFrame, columns: Sequence[str]) -> BooleanExpression:
+    """An expression true for every table row whose ``columns`` equal one row of
+    ``keys`` (and maybe for others); ``AlwaysFalse`` when ``keys`` has no rows."""
+    e = _expressions()
+    term: BooleanExpression = e.AlwaysFalse() if keys.height == 0 else e.AlwaysTrue()
     if keys.height == 0:
-        return AlwaysFalse()
-    inner = max(columns, key=lambda c: (keys[c].n_unique(), -list(columns).index(c)))
-    outer = [c for c in columns if c != inner]
-    if not outer:
-        return _in(inner, keys[inner].to_list())
-    groups = keys.group_by(outer, maintain_order=True).agg(pl.col(inner))
-    terms: list[BooleanExpression] = []
-    for row in groups.iter_rows(named=True):  # one term per group, not per key
-        term = _in(inner, row[inner])
-        for name in reversed(outer):
-            term = And(_equal(name, row[name]), term)
-        terms.append(term)
-    return _balanced_or(terms)
+        return term
+    for name in columns:
+        term = e.And(term, _column_term(name, keys[name]))
+    return term
 
 
 def _expressions() -> Any:
@@ -58,29 +48,20 @@ def _expressions() -> Any:
     return expressions
 
 
-def _equal(name: str, value: Any) -> BooleanExpression:
+def _column_term(name: str, values: pl.Series) -> BooleanExpression:
     e = _expressions()
-    term: BooleanExpression = e.IsNull(name) if value is None else e.EqualTo(name, value)
-    return term
-
-
-def _in(name: str, values: list[Any]) -> BooleanExpression:
-    e = _expressions()
-    present = [v for v in values if v is not None]
-    has_null = len(present) < len(values)
-    term: BooleanExpression = e.In(name, present) if present else e.IsNull(name)
-    if present and has_null:
+    dtype = values.dtype
+    if dtype == pl.Boolean or dtype.is_nested() or (dtype.is_float() and values.is_nan().any()):
+        return e.AlwaysTrue()  # type: ignore[no-any-return]
+    present = values.drop_nulls()
+    term: BooleanExpression
+    if present.len() == 0:
+        return e.IsNull(name)  # type: ignore[no-any-return]
+    low, high = present.min(), present.max()
+    if low == high:
+        term = e.EqualTo(name, low)
+    else:
+        term = e.And(e.GreaterThanOrEqual(name, low), e.LessThanOrEqual(name, high))
+    if present.len() < values.len():
         term = e.Or(term, e.IsNull(name))
     return term
-
-
-def _balanced_or(terms: list[BooleanExpression]) -> BooleanExpression:
-    from pyiceberg.expressions import Or
-
-    while len(terms) > 1:
-        paired: list[BooleanExpression] = [Or(terms[i], terms[i + 1])
-                                           for i in range(0, len(terms) - 1, 2)]
-        if len(terms) % 2:
-            paired.append(terms[-1])
-        terms = paired
-    return terms[0]

@@ -310,3 +310,37 @@ def test_without_pyiceberg_the_error_names_the_extra(catalog_uri: str,
     monkeypatch.setitem(sys.modules, "pyiceberg", None)  # what a missing package looks like
     with pytest.raises(SinkConfigError, match=r"pip install 'microbatch\[iceberg\]'"):
         mb.read_memory(events(3)).write_iceberg("db.t", catalog=catalog_uri)
+
+
+def test_update_rewrites_only_the_files_holding_a_touched_key(catalog_uri: str) -> None:
+    """A batch whose keys (null ones included) are in one of three files removes
+    that file and adds its kept rows rewritten, in one overwrite snapshot; the
+    other files are the same files after it."""
+    from change_oracle import SCHEMA, oracle
+
+    def rows(*items: tuple[str | None, int | None, int, str]) -> pl.DataFrame:
+        return pl.DataFrame([{"g": g, "k": k, "v": v, "note": f"{g}{k}", "_change_type": kind}
+                             for g, k, v, kind in items], schema=SCHEMA)
+
+    batches = [
+        rows(*[("a", k, k, "insert") for k in range(5)]),
+        rows(*[("b", k, k, "insert") for k in range(5)], (None, None, 7, "insert"),
+             ("b", None, 8, "insert"), (None, 2, 9, "insert")),
+        rows(*[("z", k, k, "insert") for k in range(100, 105)]),
+        rows((None, None, -1, "update_postimage"), ("b", 3, -3, "update_postimage"),
+             ("b", None, 8, "delete"), ("b", 50, 50, "insert")),
+    ]
+    sink = opened(catalog_uri, "update")
+    files_after = []
+    for batch_id, frame in enumerate(batches):
+        sink.add_batch(batch_id, frame)
+        table = table_of(catalog_uri, "db.t")
+        files_after.append({task.file.file_path for task in table.scan().plan_files()})
+    before, after = files_after[-2], files_after[-1]
+    (touched_file,) = files_after[1] - files_after[0]
+    assert before - after == {touched_file}  # the a and z files are left as they were
+    assert len(after - before) >= 1  # the rewritten b rows and the upserts
+    assert_frame_equal(scan(table).sort(list(KEYS)), oracle(batches))
+    last = summaries(table)[-1]
+    assert (last["operation"], last["microbatch.batch-id"]) == ("overwrite", "3")
+    assert len(summaries(table)) == len(batches)  # one snapshot per batch
