@@ -53,6 +53,20 @@ def group_of(nodeid: str) -> str | None:
     return None
 
 
+LONG_FIRST = ("tests/test_readme.py", "tests/jobs/")
+"""Node id prefixes of single tests that each run a minute or near it (the README
+walkthrough, the jobs under kills). Collected last by name, they started when
+the other worker had nothing left, and it idled until they finished; they are
+moved to the front of the collection (whole files, their order kept), so the
+scheduler deals them out among the first single tests."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the :data:`LONG_FIRST` tests first (a stable reorder: files and the
+    tests inside them keep their relative order)."""
+    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Load scheduling where each test is its own unit of work, except that the
