@@ -11,7 +11,7 @@ from iceberg_helpers import scan, summaries, table_of
 from s3_server import S3Server
 
 import microbatch as mb
-from microbatch.engine.faults import InjectedFault
+from tests.fault_points import raise_at
 
 PARAMS = {"total_rows": 3_000, "rows_per_second": None, "seed": 3, "cards": 5,
           "max_records_per_batch": 1_000, "start": "2026-01-01T00:00:00+00:00"}
@@ -32,13 +32,7 @@ def test_s3_warehouse_round_trip_survives_a_crash_after_the_commit(
                                partition_by="card_id")
                 .start(chk, trigger="available-now"))
 
-    monkeypatch.setenv("MICROBATCH_FAULT", "sink.after_commit@1")
-    monkeypatch.setenv("MICROBATCH_FAULT_ACTION", "raise")
-    query = start()
-    with pytest.raises(mb.QueryTerminatedError):
-        query.await_termination(60)
-    assert isinstance(query.exception, InjectedFault)
-    monkeypatch.delenv("MICROBATCH_FAULT")
+    raise_at(monkeypatch, "sink.after_commit@1", start)
     assert start().await_termination(60)
 
     table = table_of(catalog, "lake.tx", **options)
